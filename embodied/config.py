@@ -1,0 +1,227 @@
+"""Typed configs: dataclass defaults, then a YAML file, then ``key=value`` command-line overrides.
+
+Every job describes its settings as a (nested) dataclass. ``load_config`` merges the dataclass
+defaults, an optional YAML file and dotted overrides such as ``train.lr=1e-4`` or
+``sim.cameras=[front,wrist]`` with OmegaConf structured configs, and returns an instance of the
+dataclass with real Python types. Mistakes (an unknown key, a value of the wrong type, a missing
+file) raise ``ConfigError`` with a message that names the full dotted key and where it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigKeyError,
+    InterpolationResolutionError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from embodied.io import atomic_write_text
+
+__all__ = ["ConfigError", "config_to_dict", "load_config", "save_config"]
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config could not be built: unknown key, wrong type, bad YAML file or bad override."""
+
+
+def load_config(
+    schema: type[T],
+    path: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+) -> T:
+    """Merge ``schema`` defaults, the YAML at ``path``, then ``overrides``; return a ``schema``."""
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+        raise TypeError(f"load_config expects a dataclass type, got {schema!r}")
+    if isinstance(overrides, str):
+        raise TypeError("overrides must be a sequence of 'key=value' strings, not one string")
+
+    cfg = OmegaConf.structured(schema)
+    if path is not None:
+        source = f"in {path}"
+        cfg = _merge(cfg, _load_yaml(Path(path)), schema, source)
+    for override in overrides:
+        source = f"in override {override!r}"
+        key = override.partition("=")[0].strip()
+        cfg = _merge(cfg, _parse_override(override), schema, source, key)
+
+    try:
+        return typing.cast(T, OmegaConf.to_object(cfg))
+    except MissingMandatoryValue as error:
+        raise ConfigError(f"config key '{error.full_key}' is required but was not set") from None
+    except InterpolationResolutionError as error:
+        raise ConfigError(
+            f"config key '{error.full_key}' could not be resolved: {_first_line(error)}"
+        ) from None
+    except OmegaConfBaseException as error:
+        raise ConfigError(_describe(error, schema, source="while building the config")) from None
+
+
+def save_config(cfg: Any, path: str | os.PathLike[str]) -> None:
+    """Write ``cfg`` (dataclass instance, DictConfig or dict) as resolved YAML, atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # OmegaConf's dumper quotes strings its loader would misread (e.g. "1e-4"), so round trips hold.
+    atomic_write_text(path, OmegaConf.to_yaml(OmegaConf.create(config_to_dict(cfg))))
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Turn ``cfg`` into plain dicts, lists and scalars for YAML, JSON and checkpoints."""
+    container = OmegaConf.to_container(_to_omegaconf(cfg), resolve=True, enum_to_str=True)
+    return typing.cast(dict[str, Any], _paths_to_str(container))
+
+
+def _paths_to_str(value: Any) -> Any:
+    """Replace ``pathlib.Path`` values with strings, which every format can store."""
+    if isinstance(value, dict):
+        return {key: _paths_to_str(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_paths_to_str(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _to_omegaconf(cfg: Any) -> DictConfig:
+    """Wrap a dataclass instance, a DictConfig or a mapping as a DictConfig."""
+    if isinstance(cfg, DictConfig):
+        return cfg
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return OmegaConf.structured(cfg)
+    if isinstance(cfg, Mapping):
+        return OmegaConf.create(dict(cfg))
+    raise TypeError(f"expected a dataclass instance, DictConfig or mapping, got {type(cfg)!r}")
+
+
+def _load_yaml(path: Path) -> DictConfig:
+    """Read a YAML file that must hold a mapping at the top level."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path} is not valid YAML:\n{error}") from None
+    except OSError as error:  # OmegaConf raises OSError for a scalar document, e.g. "3"
+        raise ConfigError(f"config file {path} must hold a mapping of keys: {error}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(
+            f"config file {path} must hold a mapping of keys, got {type(loaded).__name__}"
+        )
+    return loaded
+
+
+def _parse_override(override: str) -> DictConfig:
+    """Parse one ``dotted.key=value`` override; the value is read as YAML (``[a,b]``, ``1e-4``)."""
+    key, sep, _ = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"malformed override {override!r}: expected 'dotted.key=value'")
+    try:
+        return OmegaConf.from_dotlist([override])
+    except (yaml.YAMLError, OmegaConfBaseException) as error:
+        raise ConfigError(f"cannot parse override {override!r}: {_first_line(error)}") from None
+
+
+def _merge(
+    cfg: DictConfig, update: DictConfig, schema: type, source: str, key: str | None = None
+) -> DictConfig:
+    """Merge ``update`` into ``cfg``, turning OmegaConf's errors into ``ConfigError``."""
+    try:
+        return typing.cast(DictConfig, OmegaConf.merge(cfg, update))
+    except OmegaConfBaseException as error:
+        if not error.full_key and key:
+            # Replacing a whole section (``train=3``) fails without naming the key; we know it.
+            error.full_key = key
+            error.value = OmegaConf.select(update, key)
+        raise ConfigError(_describe(error, schema, source)) from None
+    except TypeError as error:  # e.g. "train.cameras.0.x=1": a mapping merged into a list
+        raise ConfigError(f"invalid config ({source}): {error}") from None
+
+
+def _describe(error: OmegaConfBaseException, schema: type, source: str) -> str:
+    """Write a one-line message for an OmegaConf error that names the dotted key."""
+    full_key = error.full_key
+    if isinstance(error, ConfigKeyError) and full_key:
+        parent, _, _ = full_key.rpartition(".")
+        where = f"under '{parent}'" if parent else "at the top level"
+        valid = _valid_keys(error.object_type)
+        hint = f"; valid keys {where}: {', '.join(valid)}" if valid else ""
+        return f"unknown config key '{full_key}' ({source}){hint}"
+    if isinstance(error, ValidationError) and full_key:
+        expected = _field_type(schema, full_key)
+        got = _show_value(error.value)
+        if expected is None:
+            return (
+                f"config key '{full_key}' got invalid value {got} ({source}): {_first_line(error)}"
+            )
+        return f"config key '{full_key}' expects {_type_name(expected)}, got {got} ({source})"
+    return f"invalid config ({source}): {_first_line(error)}"
+
+
+def _valid_keys(object_type: Any) -> list[str]:
+    """List the field names of the dataclass that rejected a key (empty if unknown)."""
+    if isinstance(object_type, type) and dataclasses.is_dataclass(object_type):
+        return [field.name for field in dataclasses.fields(object_type)]
+    return []
+
+
+def _field_type(schema: type, full_key: str) -> Any | None:
+    """Follow a dotted key such as ``train.cameras[0]`` through the schema to its declared type."""
+    current: Any = schema
+    for part in re.findall(r"[^.\[\]]+", full_key):
+        current = _strip_optional(current)
+        origin = typing.get_origin(current)
+        args = typing.get_args(current)
+        if isinstance(current, type) and dataclasses.is_dataclass(current):
+            hints = typing.get_type_hints(current)
+            if part not in hints:
+                return None
+            current = hints[part]
+        elif origin in (list, tuple, Sequence) and args:
+            current = args[0]
+        elif origin in (dict, Mapping) and len(args) == 2:
+            current = args[1]
+        else:
+            return None
+    return current
+
+
+def _strip_optional(annotation: Any) -> Any:
+    """Turn ``X | None`` into ``X`` so the walk can look inside it."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return annotation
+    args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    return args[0] if len(args) == 1 else annotation
+
+
+def _type_name(annotation: Any) -> str:
+    """Name a type the way it is written in code: ``int``, ``list[str]``, ``Optional[float]``."""
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def _show_value(value: Any) -> str:
+    """Show a rejected value as plain Python (OmegaConf containers become dicts and lists)."""
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value)
+    return repr(value)
+
+
+def _first_line(error: BaseException) -> str:
+    """OmegaConf appends ``full_key``/``object_type`` lines to its messages; keep the first."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__

@@ -1,0 +1,1 @@
+"""Training algorithms, one file each: bc, reward, grpo, preference."""

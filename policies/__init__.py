@@ -1,0 +1,1 @@
+"""Policies: VLA and diffusion/flow planners (see DESIGN.md). Imports only the core."""

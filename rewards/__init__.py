@@ -1,0 +1,1 @@
+"""Rewards: progress-reward models, labels, success detectors, costs, metrics. Imports only the core."""

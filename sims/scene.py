@@ -1,0 +1,133 @@
+"""Privileged read access to the tabletop scene: object poses, joint states and grasp predicates.
+
+Tasks (stages, success) and scripted experts are written against this class, never against raw
+MuJoCo indices, so both read the same facts the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mujoco
+import numpy as np
+
+ASSET = Path(__file__).parent / "assets" / "tabletop.xml"
+
+BLOCKS = ("red", "blue", "yellow")
+PLATES = ("green", "purple")
+BUTTONS = ("red", "blue")
+
+BLOCK_HALF = 0.02  # blocks are 4 cm cubes
+PLATE_RADIUS = 0.05
+FINGER_MAX = 0.04  # each finger travels 4 cm: the gripper opens to 8 cm
+HANDLE_TO_HOOK = np.array([0.0, 0.024, -0.025])  # the gap behind the drawer handle, from the handle
+CAP_HALF = 0.01
+BUTTON_PRESSED = -0.01  # cap travel (m) that counts as a press
+
+
+class Scene:
+    """Named views into one ``MjModel``/``MjData`` pair of the tabletop scene."""
+
+    def __init__(self, model: mujoco.MjModel, data: mujoco.MjData) -> None:
+        self.model, self.data = model, data
+        body = lambda name: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)  # noqa: E731
+        joint = lambda name: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)  # noqa: E731
+        geom = lambda name: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, name)  # noqa: E731
+
+        self.arm_qpos = np.array([model.jnt_qposadr[joint(f"robot_{a}")] for a in "xyz"])
+        self.finger_qpos = np.array(
+            [model.jnt_qposadr[joint("finger_left")], model.jnt_qposadr[joint("finger_right")]]
+        )
+        self.block_body = {c: body(f"block_{c}") for c in BLOCKS}
+        self.block_qpos = {c: model.jnt_qposadr[joint(f"block_{c}")] for c in BLOCKS}
+        self.plate_mocap = {c: model.body_mocapid[body(f"plate_{c}")] for c in PLATES}
+        self.cabinet_mocap = model.body_mocapid[body("cabinet")]
+        self.drawer_qpos = model.jnt_qposadr[joint("drawer")]
+        self.drawer_body = body("drawer")
+        self.handle_geom = geom("drawer_handle")
+        self.button_mocap = {c: model.body_mocapid[body(f"button_{c}")] for c in BUTTONS}
+        self.button_qpos = {c: model.jnt_qposadr[joint(f"button_{c}")] for c in BUTTONS}
+        self.cap_body = {c: body(f"button_{c}_cap") for c in BUTTONS}
+        self.object_names = (
+            [f"block_{c}" for c in BLOCKS]
+            + [f"plate_{c}" for c in PLATES]
+            + ["drawer_handle"]
+            + [f"button_{c}" for c in BUTTONS]
+        )
+
+    # --- robot -------------------------------------------------------------------------------
+    def ee_pos(self) -> np.ndarray:
+        """Grip-site position (between the finger tips): the gantry joints are its coordinates."""
+        return self.data.qpos[self.arm_qpos].copy()
+
+    def gripper_gap(self) -> float:
+        """Distance between the finger pads in metres (0 closed, 0.08 fully open)."""
+        return float(self.data.qpos[self.finger_qpos].sum())
+
+    # --- objects -----------------------------------------------------------------------------
+    def block_pos(self, color: str) -> np.ndarray:
+        """Centre of a block in world coordinates."""
+        adr = self.block_qpos[color]
+        return self.data.qpos[adr : adr + 3].copy()
+
+    def block_quat(self, color: str) -> np.ndarray:
+        """Orientation quaternion (w, x, y, z) of a block."""
+        adr = self.block_qpos[color]
+        return self.data.qpos[adr + 3 : adr + 7].copy()
+
+    def plate_pos(self, color: str) -> np.ndarray:
+        """Centre of a goal plate on the table (z = 0)."""
+        return self.data.mocap_pos[self.plate_mocap[color]].copy()
+
+    def drawer_opening(self) -> float:
+        """How far the drawer is pulled out, in metres (0 closed, 0.16 fully open)."""
+        return float(self.data.qpos[self.drawer_qpos])
+
+    def handle_pos(self) -> np.ndarray:
+        """Centre of the drawer's bar handle."""
+        return self.data.geom_xpos[self.handle_geom].copy()
+
+    def hook_pos(self) -> np.ndarray:
+        """Where the grip site goes to hook the handle: the gap between handle and drawer face."""
+        return self.handle_pos() + HANDLE_TO_HOOK
+
+    def button_press(self, color: str) -> float:
+        """Cap displacement of a button (0 released, negative when pressed)."""
+        return float(self.data.qpos[self.button_qpos[color]])
+
+    def cap_top(self, color: str) -> np.ndarray:
+        """Centre of the top face of a button's cap."""
+        return self.data.xpos[self.cap_body[color]] + np.array([0.0, 0.0, CAP_HALF])
+
+    # --- predicates --------------------------------------------------------------------------
+    def grasped(self, color: str) -> bool:
+        """A block is grasped when it sits between the finger pads and the fingers close on it."""
+        offset = self.block_pos(color) - self.ee_pos()
+        gap = self.gripper_gap()
+        return bool(
+            np.hypot(offset[0], offset[1]) < 0.02
+            and abs(offset[2]) < 0.02
+            and 2 * BLOCK_HALF - 0.004 < gap < 2 * BLOCK_HALF + 0.006
+        )
+
+    def resting_on_table(self, color: str) -> bool:
+        """The block lies on the table (not lifted, not stacked)."""
+        return bool(self.block_pos(color)[2] < BLOCK_HALF + 0.006)
+
+    def object_positions(self) -> np.ndarray:
+        """``float32 [N, 3]`` positions of ``object_names`` (privileged, for info and datasets)."""
+        rows = [self.block_pos(c) for c in BLOCKS]
+        rows += [self.plate_pos(c) for c in PLATES]
+        rows.append(self.handle_pos())
+        rows += [self.cap_top(c) for c in BUTTONS]
+        return np.asarray(rows, dtype=np.float32)
+
+    def environment_state(self) -> np.ndarray:
+        """Flat privileged state for state-based baselines (39 values)."""
+        parts = [np.concatenate([self.block_pos(c), self.block_quat(c)]) for c in BLOCKS]
+        parts += [self.plate_pos(c) for c in PLATES]
+        parts.append(self.data.mocap_pos[self.cabinet_mocap])
+        parts.append([self.drawer_opening()])
+        parts += [self.data.mocap_pos[self.button_mocap[c]] for c in BUTTONS]
+        parts.append([self.button_press(c) for c in BUTTONS])
+        return np.concatenate(parts).astype(np.float32)

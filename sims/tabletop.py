@@ -1,0 +1,295 @@
+"""``TabletopEnv``: the built-in MuJoCo manipulation suite as a Gymnasium environment.
+
+Actions follow Meta-World's 4-D convention in [-1, 1]: a Cartesian end-effector delta (scaled by
+``action_scale`` metres) and a gripper command (-1 open, +1 close). The end-effector setpoint is
+the *measured* position plus the delta, so a zero action holds the arm still and there is no hidden
+controller state: the observation is the whole robot state.
+
+Observations follow LeRobot's gym-env convention: ``pixels`` (one image, or a dict per camera) and
+``agent_pos`` (grip-site xyz, gripper gap); ``obs_mode="state"`` replaces pixels by the privileged
+``environment_state`` and ``"pixels_state"`` gives all three.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+from embodied.sims.render import CameraRenderer, set_render_quality
+from embodied.sims.scene import ASSET, BLOCKS, BUTTONS, FINGER_MAX, PLATES, Scene
+from embodied.sims.tasks import TASKS, Task
+from gymnasium import spaces
+
+OBS_MODES = ("pixels", "state", "pixels_state")
+CAMERAS = ("front", "wrist")
+WORKSPACE_LOW = np.array([-0.3, -0.28, 0.015])
+WORKSPACE_HIGH = np.array([0.3, 0.28, 0.3])
+TABLE_FORCE_LIMIT = 10.0  # newtons: robot-table contacts above this count as collisions
+
+# Object classes for the per-step collision count.
+_OTHER, _ROBOT, _TABLE, _TARGET, _OBSTACLE = range(5)
+
+
+class TabletopEnv(gym.Env):
+    """One task of the tabletop suite. Create it with ``gymnasium.make("embodied/<Task>-v0")``."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 16}
+
+    def __init__(
+        self,
+        task: str | Task = "PickPlace",
+        obs_mode: str = "pixels",
+        cameras: tuple[str, ...] | list[str] | str = ("front",),
+        image_size: int | tuple[int, int] = 96,
+        render_mode: str | None = "rgb_array",
+        fast_render: bool = True,
+        frame_skip: int = 5,
+        action_scale: float = 0.02,
+        terminate_on_success: bool = True,
+    ) -> None:
+        if isinstance(task, str):
+            if task not in TASKS:
+                raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
+            task = TASKS[task]()
+        if obs_mode not in OBS_MODES:
+            raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {obs_mode!r}")
+        cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
+        unknown = [c for c in cameras if c not in CAMERAS]
+        if unknown or not cameras:
+            raise ValueError(f"cameras must be a non-empty subset of {CAMERAS}, got {cameras}")
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+
+        self.task, self.obs_mode, self.cameras = task, obs_mode, cameras
+        self.render_mode, self.frame_skip, self.action_scale = render_mode, frame_skip, action_scale
+        self.terminate_on_success = terminate_on_success
+
+        self.model = mujoco.MjModel.from_xml_path(str(ASSET))
+        set_render_quality(self.model, fast=fast_render)
+        self.data = mujoco.MjData(self.model)
+        self.scene = Scene(self.model, self.data)
+        self._renderer = CameraRenderer(self.model, height, width)
+        self._control_dt = self.model.opt.timestep * frame_skip
+        self._geom_class = self._classify_geoms()
+        self._table_geom = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_GEOM, "table")
+
+        self.action_space = spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
+        obs_spaces: dict[str, spaces.Space] = {
+            "agent_pos": spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
+        }
+        if obs_mode in ("pixels", "pixels_state"):
+            image = spaces.Box(0, 255, shape=(height, width, 3), dtype=np.uint8)
+            obs_spaces["pixels"] = (
+                image if len(cameras) == 1 else spaces.Dict({c: image for c in cameras})
+            )
+        if obs_mode in ("state", "pixels_state"):
+            n = len(self.scene.environment_state())
+            obs_spaces["environment_state"] = spaces.Box(-np.inf, np.inf, (n,), np.float32)
+        self.observation_space = spaces.Dict(obs_spaces)
+
+        self.goal: dict[str, str] = {}
+        self.instruction = ""
+        self._steps = 0
+
+    # --- Gymnasium API -----------------------------------------------------------------------
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Draw a scene layout, goal and instruction from ``seed`` (same seed, same episode)."""
+        super().reset(seed=seed)
+        rng = self.np_random
+        mujoco.mj_resetData(self.model, self.data)
+        goal = (options or {}).get("goal")
+        self.goal = dict(goal) if goal is not None else self.task.sample_goal(rng)
+        if self.goal not in self.task.all_goals():
+            raise ValueError(
+                f"goal {self.goal} is not a goal of {self.task.name}; "
+                f"valid goals: {self.task.all_goals()}"
+            )
+        for _ in range(100):
+            self._place_objects(rng)
+            if self.task.layout_ok(self.scene, self.goal):
+                break
+        self.instruction = self.task.instruction(self.goal, rng)
+        self._mark_targets()
+        mujoco.mj_forward(self.model, self.data)
+        self._steps = 0
+        evaluation = self.task.evaluate(self.scene, self.goal)
+        return self._observation(), self._info(evaluation, collisions=0)
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        """Apply one 4-D action for ``frame_skip`` physics steps."""
+        action = np.asarray(action, dtype=np.float64)
+        if action.shape != (4,):
+            raise ValueError(
+                f"action must have shape (4,) [dx, dy, dz, gripper], got shape {action.shape}"
+            )
+        if not np.isfinite(action).all():
+            raise ValueError(f"action has non-finite values: {action.tolist()}")
+        action = np.clip(action, -1.0, 1.0)
+
+        data = self.data
+        ee = data.qpos[self.scene.arm_qpos]
+        data.ctrl[:3] = np.clip(ee + action[:3] * self.action_scale, WORKSPACE_LOW, WORKSPACE_HIGH)
+        data.ctrl[3:5] = FINGER_MAX * (1.0 - action[3]) / 2.0
+        time_before = data.time
+        mujoco.mj_step(self.model, data, self.frame_skip)
+        self._steps += 1
+
+        error = self._physics_error(time_before)
+        if error is not None:
+            # MuJoCo has already reset the state; end the episode and say why.
+            info = self._info(self.task.evaluate(self.scene, self.goal), collisions=0)
+            info["success"] = False
+            info["error"] = error
+            return self._observation(), 0.0, False, True, info
+
+        evaluation = self.task.evaluate(self.scene, self.goal)
+        reward = float(evaluation.success)
+        terminated = bool(evaluation.success and self.terminate_on_success)
+        info = self._info(evaluation, collisions=self._count_collisions())
+        return self._observation(), reward, terminated, False, info
+
+    def render(self) -> np.ndarray | None:
+        """The first camera's image (``render_mode="rgb_array"``)."""
+        if self.render_mode is None:
+            return None
+        return self._renderer.render(self.data, self.cameras[0])
+
+    def close(self) -> None:
+        """Release the renderer's GL context."""
+        self._renderer.close()
+
+    # --- scripted expert hook (runs inside vector-env workers via ``call``) ------------------
+    def scripted_action(self, goal: dict[str, str] | None = None) -> np.ndarray:
+        """The scripted expert's action for the current state (privileged information).
+
+        ``goal`` overrides the episode's goal: the expert then follows a different instruction.
+        """
+        from embodied.sims.experts import expert_action
+
+        goal = self.goal if goal is None else goal
+        return expert_action(self.task, self.scene, goal, self.action_scale).astype(np.float32)
+
+    # --- internals -----------------------------------------------------------------------------
+    def _observation(self) -> dict[str, Any]:
+        scene = self.scene
+        obs: dict[str, Any] = {
+            "agent_pos": np.append(scene.ee_pos(), scene.gripper_gap()).astype(np.float32)
+        }
+        if self.obs_mode != "state":
+            images = {c: self._renderer.render(self.data, c) for c in self.cameras}
+            obs["pixels"] = images[self.cameras[0]] if len(self.cameras) == 1 else images
+        if self.obs_mode != "pixels":
+            obs["environment_state"] = scene.environment_state()
+        return obs
+
+    def _info(self, evaluation, collisions: int) -> dict[str, Any]:
+        scene = self.scene
+        return {
+            "success": evaluation.success,
+            "stage": evaluation.stage,
+            "stage_name": self.task.stages[evaluation.stage],
+            "collisions": collisions,
+            "ee_pos": scene.ee_pos().astype(np.float32),
+            "gripper_gap": np.float32(scene.gripper_gap()),
+            "object_pos": scene.object_positions(),
+            "goal_pos": evaluation.goal_pos.astype(np.float32),
+            "instruction": self.instruction,
+            "task": self.task.name,
+        }
+
+    def _place_objects(self, rng: np.random.Generator) -> None:
+        """Randomise the layout: cabinet and buttons at the back, blocks and plates in front."""
+        scene, data = self.scene, self.data
+        cabinet_x = rng.uniform(-0.24, -0.14)
+        data.mocap_pos[scene.cabinet_mocap] = (cabinet_x, 0.2, 0.0)
+
+        left = rng.uniform(0.08, 0.14)
+        xs = (left, left + rng.uniform(0.1, 0.13))
+        order = rng.permutation(len(BUTTONS))
+        for x, i in zip(xs, order, strict=True):
+            data.mocap_pos[scene.button_mocap[BUTTONS[i]]] = (x, rng.uniform(0.16, 0.22), 0.0)
+
+        # Keep-out boxes (x_min, x_max, y_min, y_max): cabinet (and its opening path), buttons.
+        # Blocks stay out of the back strip, so a pusher always has room behind them.
+        drawer_front = -0.15 if self.task.keep_clear_of_drawer_path else -0.06
+        keep_out = [(cabinet_x - 0.12, cabinet_x + 0.12, drawer_front, 1.0)]
+        placed: list[np.ndarray] = []
+
+        def sample(min_dist: float) -> np.ndarray:
+            for _ in range(1000):
+                xy = rng.uniform((-0.25, -0.2), (0.25, 0.04))
+                if any(x0 < xy[0] < x1 and y0 < xy[1] < y1 for x0, x1, y0, y1 in keep_out):
+                    continue
+                if all(np.linalg.norm(xy - p) >= min_dist for p in placed):
+                    placed.append(xy)
+                    return xy
+            raise RuntimeError("could not place the tabletop objects without overlap")
+
+        for color in PLATES:
+            data.mocap_pos[scene.plate_mocap[color]] = (*sample(0.11), 0.0)
+        for color in BLOCKS:
+            x, y = sample(0.09)
+            yaw = rng.uniform(-0.4, 0.4)
+            adr = scene.block_qpos[color]
+            data.qpos[adr : adr + 7] = (x, y, 0.02, math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2))
+
+        start = rng.uniform((-0.1, -0.26, 0.15), (0.1, -0.18, 0.22))
+        data.qpos[scene.arm_qpos] = start
+        data.qpos[scene.finger_qpos] = FINGER_MAX
+        data.ctrl[:3], data.ctrl[3:5] = start, FINGER_MAX
+
+    def _classify_geoms(self) -> np.ndarray:
+        model = self.model
+        classes = np.full(model.ngeom, _OTHER, dtype=np.int8)
+        for g in range(model.ngeom):
+            name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_GEOM, g) or ""
+            if name.startswith("robot_"):
+                classes[g] = _ROBOT
+            elif name == "table":
+                classes[g] = _TABLE
+        return classes
+
+    def _mark_targets(self) -> None:
+        """Tag every non-robot, non-table geom as target or obstacle for this episode's goal."""
+        model, targets = self.model, set(self.task.target_bodies(self.goal))
+        for g in range(model.ngeom):
+            if self._geom_class[g] in (_ROBOT, _TABLE):
+                continue
+            body = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, model.geom_bodyid[g])
+            self._geom_class[g] = _TARGET if body in targets else _OBSTACLE
+
+    def _count_collisions(self) -> int:
+        """Unwanted robot contacts now: any non-target object, or the table above a force limit."""
+        data = self.data
+        if data.ncon == 0:
+            return 0
+        pairs = data.contact.geom[: data.ncon]
+        classes = self._geom_class[pairs]
+        robot = classes == _ROBOT
+        involves_robot = robot[:, 0] ^ robot[:, 1]
+        other = np.where(robot[:, 0], classes[:, 1], classes[:, 0])
+        bad = involves_robot & (other == _OBSTACLE)
+        count = len({tuple(p) for p in pairs[bad]})
+        force = np.zeros(6)
+        for i in np.flatnonzero(involves_robot & (other == _TABLE)):
+            mujoco.mj_contactForce(self.model, data, int(i), force)
+            if force[0] > TABLE_FORCE_LIMIT:
+                count += 1
+        return count
+
+    def _physics_error(self, time_before: float) -> str | None:
+        """Detect a blow-up: MuJoCo resets the state on NaN/huge accelerations and warns."""
+        expected = time_before + 0.5 * self._control_dt
+        if self.data.time >= expected and math.isfinite(self.data.qpos.sum()):
+            return None
+        names = ("mjWARN_BADQACC", "mjWARN_BADQVEL", "mjWARN_BADQPOS")
+        hits = [n for n in names if self.data.warning[getattr(mujoco.mjtWarning, n)].number > 0]
+        return (
+            f"physics instability at step {self._steps} ({', '.join(hits) or 'non-finite state'})"
+        )

@@ -1,0 +1,43 @@
+"""Vector envs (gymnasium.vector) built lazily inside workers, and seed groups for GRPO."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+
+
+def grouped_seeds(seeds: Sequence[int], group_size: int) -> list[int]:
+    """Repeat each seed ``group_size`` times: ``vec.reset(seed=grouped_seeds([3, 7], 2))`` puts
+    envs 0-1 in the initial state of seed 3 and envs 2-3 in that of seed 7 (a GRPO group each)."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    return [int(s) for s in seeds for _ in range(group_size)]
+
+
+def _build(task: str, env_kwargs: dict[str, Any]) -> gym.Env:
+    from embodied.sims.registry import make
+
+    return make(task, **env_kwargs)
+
+
+def make_vec(
+    task: str,
+    num_envs: int,
+    asynchronous: bool = False,
+    autoreset_mode: str = "next_step",
+    context: str | None = None,
+    **env_kwargs: Any,
+) -> gym.vector.VectorEnv:
+    """Sync or async vector env. Each copy is constructed by its worker and renders lazily, so no
+    GL context exists before the fork. ``autoreset_mode`` is Gymnasium's (``next_step``,
+    ``same_step`` or ``disabled``)."""
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    mode = gym.vector.AutoresetMode(autoreset_mode)
+    fns = [functools.partial(_build, task, dict(env_kwargs)) for _ in range(num_envs)]
+    if asynchronous:
+        return gym.vector.AsyncVectorEnv(fns, context=context, autoreset_mode=mode)
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
