@@ -1,1 +1,1 @@
-"""Rewards: progress-reward models, labels, success detectors, costs, metrics. Imports only the core."""
+"""Rewards: progress-reward models, labels, success detectors, costs, metrics (core only)."""

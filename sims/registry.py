@@ -87,7 +87,7 @@ class ScriptedExpert:
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, obs: Any = None) -> np.ndarray:
-        """Next action for the env's current state (``obs`` is accepted for a policy's signature)."""
+        """Next action for the env's current state (``obs`` is accepted like a policy's)."""
         if self.goal is None:
             action = self.env.unwrapped.scripted_action()
         else:

@@ -1,4 +1,4 @@
-"""Offscreen MuJoCo rendering shared by every simulator wrapper: fast CPU defaults, lazy GL contexts."""
+"""Offscreen MuJoCo rendering for every simulator wrapper: fast CPU defaults, lazy GL contexts."""
 
 from __future__ import annotations
 

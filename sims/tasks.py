@@ -123,11 +123,8 @@ class Push(Task):
         block, plate = scene.block_pos(goal["block"])[:2], scene.plate_pos(goal["plate"])[:2]
         direction = (plate - block) / max(float(np.linalg.norm(plate - block)), 1e-9)
         start = block - 0.07 * direction
-        for other in BLOCKS:
-            if other != goal["block"]:
-                if _segment_dist(scene.block_pos(other)[:2], start, plate) < 0.07:
-                    return False
-        return True
+        others = [c for c in BLOCKS if c != goal["block"]]
+        return all(_segment_dist(scene.block_pos(c)[:2], start, plate) >= 0.07 for c in others)
 
     def evaluate(self, scene: Scene, goal: Goal) -> Evaluation:
         block, plate = scene.block_pos(goal["block"]), scene.plate_pos(goal["plate"])
