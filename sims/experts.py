@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
 from embodied.sims.scene import BLOCK_HALF, Scene
 from embodied.sims.tasks import ButtonPress, DrawerOpen, Goal, PickPlace, Push, Reach, Task
 

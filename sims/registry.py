@@ -57,6 +57,9 @@ def list_tasks(suite: str = "tabletop") -> list[str]:
 def make(task: str, **kwargs: Any) -> gym.Env:
     """Build one environment from a task name (``PickPlace``, ``metaworld/reach-v3``) or an id."""
     if task.startswith(METAWORLD_PREFIX):
+        # Meta-World enforces its own episode limit: hand it over rather than wrap a TimeLimit.
+        if "max_episode_steps" in kwargs:
+            kwargs["max_path_length"] = kwargs.pop("max_episode_steps")
         return gym.make("embodied/MetaWorld-v0", task=task[len(METAWORLD_PREFIX) :], **kwargs)
     name = task.removeprefix("embodied/").removesuffix("-v0")
     if name not in TABLETOP_TASKS:

@@ -18,10 +18,11 @@ from typing import Any
 import gymnasium as gym
 import mujoco
 import numpy as np
+from gymnasium import spaces
+
 from embodied.sims.render import CameraRenderer, set_render_quality
 from embodied.sims.scene import ASSET, BLOCKS, BUTTONS, FINGER_MAX, PLATES, Scene
 from embodied.sims.tasks import TASKS, Task
-from gymnasium import spaces
 
 OBS_MODES = ("pixels", "state", "pixels_state")
 CAMERAS = ("front", "wrist")
@@ -31,6 +32,8 @@ TABLE_FORCE_LIMIT = 10.0  # newtons: robot-table contacts above this count as co
 
 # Object classes for the per-step collision count.
 _OTHER, _ROBOT, _TABLE, _TARGET, _OBSTACLE = range(5)
+# MuJoCo warnings raised (with an automatic reset of the state) when the simulation blows up.
+_BAD_STATE = ("mjWARN_BADQACC", "mjWARN_BADQVEL", "mjWARN_BADQPOS")
 
 
 class TabletopEnv(gym.Env):
@@ -136,11 +139,11 @@ class TabletopEnv(gym.Env):
         ee = data.qpos[self.scene.arm_qpos]
         data.ctrl[:3] = np.clip(ee + action[:3] * self.action_scale, WORKSPACE_LOW, WORKSPACE_HIGH)
         data.ctrl[3:5] = FINGER_MAX * (1.0 - action[3]) / 2.0
-        time_before = data.time
+        time_before, warnings_before = data.time, self._bad_state_warnings()
         mujoco.mj_step(self.model, data, self.frame_skip)
         self._steps += 1
 
-        error = self._physics_error(time_before)
+        error = self._physics_error(time_before, warnings_before)
         if error is not None:
             # MuJoCo has already reset the state; end the episode and say why.
             info = self._info(self.task.evaluate(self.scene, self.goal), collisions=0)
@@ -283,13 +286,27 @@ class TabletopEnv(gym.Env):
                 count += 1
         return count
 
-    def _physics_error(self, time_before: float) -> str | None:
-        """Detect a blow-up: MuJoCo resets the state on NaN/huge accelerations and warns."""
+    def _bad_state_warnings(self) -> list[int]:
+        """MuJoCo's counters of bad-state warnings (kept across its automatic reset)."""
+        return [self.data.warning[getattr(mujoco.mjtWarning, n)].number for n in _BAD_STATE]
+
+    def _physics_error(self, time_before: float, warnings_before: list[int]) -> str | None:
+        """Detect a blow-up: MuJoCo resets the state on NaN/huge accelerations and warns.
+
+        The time check alone misses a blow-up within the first control step after ``reset`` (the
+        auto-reset sets time to 0 and stepping goes on), so new bad-state warnings count too.
+        """
         expected = time_before + 0.5 * self._control_dt
-        if self.data.time >= expected and math.isfinite(self.data.qpos.sum()):
+        warnings_after = self._bad_state_warnings()
+        if (
+            self.data.time >= expected
+            and warnings_after == warnings_before
+            and math.isfinite(self.data.qpos.sum())
+        ):
             return None
-        names = ("mjWARN_BADQACC", "mjWARN_BADQVEL", "mjWARN_BADQPOS")
-        hits = [n for n in names if self.data.warning[getattr(mujoco.mjtWarning, n)].number > 0]
+        hits = [
+            n for n, a, b in zip(_BAD_STATE, warnings_after, warnings_before, strict=True) if a > b
+        ]
         return (
             f"physics instability at step {self._steps} ({', '.join(hits) or 'non-finite state'})"
         )

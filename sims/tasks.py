@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+
 from embodied.sims.scene import (
     BLOCK_HALF,
     BLOCKS,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import multiprocessing
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,8 +37,23 @@ def make_vec(
     ``same_step`` or ``disabled``)."""
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-    mode = gym.vector.AutoresetMode(autoreset_mode)
+    # Gymnasium's enum values are "NextStep", "SameStep", "Disabled"; accept those, the
+    # snake_case names documented here, or the enum itself.
+    modes = {m.name.lower(): m for m in gym.vector.AutoresetMode}
+    modes.update({m.value: m for m in gym.vector.AutoresetMode})
+    mode = modes.get(getattr(autoreset_mode, "value", autoreset_mode))
+    if mode is None:
+        raise ValueError(
+            f"autoreset_mode must be one of {sorted(k for k in modes if k.islower())}, "
+            f"got {autoreset_mode!r}"
+        )
     fns = [functools.partial(_build, task, dict(env_kwargs)) for _ in range(num_envs)]
     if asynchronous:
+        if context is None and "forkserver" in multiprocessing.get_all_start_methods():
+            # Not "fork": a worker forked after the parent rendered inherits its GL state without
+            # the driver's threads (Mesa llvmpipe's rasterizers) and hangs on its first render. A
+            # fork server starts clean (it is Python 3.14's default on Linux). Pass context="fork"
+            # to opt back in when the parent never renders.
+            context = "forkserver"
         return gym.vector.AsyncVectorEnv(fns, context=context, autoreset_mode=mode)
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)

@@ -1,0 +1,162 @@
+"""``embodied bench``: speed of the toolkit's parts, each beside a baseline from the same run.
+
+Every figure is the median of ``repeats`` timed runs. For simulators the baseline is the raw
+``mj_step`` rate of the very same model with the same number of substeps per env step: the
+physical limit on this machine, so ``ratio`` is what the env wrapper costs on top of physics.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class BenchRow:
+    """One measured figure and the baseline it is compared against."""
+
+    suite: str
+    task: str
+    mode: str  # "state" or "camera <H>x<W>"
+    steps_per_s: float
+    baseline: str
+    baseline_steps_per_s: float
+    ratio: float  # time per env step / time per baseline step (1.0 = no overhead)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON output."""
+        return asdict(self)
+
+
+def _median_rate(run: Any, steps: int, repeats: int) -> float:
+    """Median steps/s of ``run(steps)`` over ``repeats`` timed calls (after one warm-up)."""
+    run(min(steps, 20))
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run(steps)
+        rates.append(steps / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def _env_runner(env: Any, seed: int) -> Any:
+    """A closure stepping ``env`` with fixed random actions, resetting when an episode ends."""
+    rng = np.random.default_rng(seed)
+    actions = rng.uniform(-1.0, 1.0, size=(4096, *env.action_space.shape)).astype(np.float32)
+    state = {"i": 0, "seed": seed}
+    env.reset(seed=seed)
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            _, _, terminated, truncated, _ = env.step(actions[state["i"] % len(actions)])
+            state["i"] += 1
+            if terminated or truncated:
+                state["seed"] += 1
+                env.reset(seed=state["seed"])
+
+    return run
+
+
+def _raw_runner(model: Any, data: Any, substeps: int) -> Any:
+    """A closure calling ``mj_step`` ``substeps`` times per step on a copy of the env's state."""
+    import mujoco
+
+    data = mujoco.MjData(model) if data is None else data
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            mujoco.mj_step(model, data, substeps)
+
+    return run
+
+
+def _physics_of(env: Any) -> tuple[Any, Any, int]:
+    """(model, data copy, substeps per env step) of a MuJoCo-backed env, for the raw baseline."""
+    import copy
+
+    inner = env.unwrapped
+    return inner.model, copy.copy(inner.data), int(inner.frame_skip)
+
+
+def bench_env(
+    suite: str,
+    task: str,
+    make: Any,
+    resolutions: tuple[int, ...],
+    steps: int,
+    repeats: int,
+    seed: int = 0,
+) -> list[BenchRow]:
+    """Rows for one task: state-only and per camera resolution, each against raw ``mj_step``."""
+    env = make(obs_mode="state")
+    env.reset(seed=seed)
+    model, data, substeps = _physics_of(env)
+    raw = _median_rate(_raw_runner(model, data, substeps), steps, repeats)
+    baseline = f"raw mj_step x{substeps}"
+    rows = []
+    state_rate = _median_rate(_env_runner(env, seed), steps, repeats)
+    rows.append(BenchRow(suite, task, "state", state_rate, baseline, raw, raw / state_rate))
+    env.close()
+    for res in resolutions:
+        env = make(obs_mode="pixels", image_size=res)
+        rate = _median_rate(_env_runner(env, seed), steps, repeats)
+        rows.append(BenchRow(suite, task, f"camera {res}x{res}", rate, baseline, raw, raw / rate))
+        env.close()
+    return rows
+
+
+def bench_sim(
+    tasks: list[str] | None = None,
+    resolutions: tuple[int, ...] = (64, 96, 128, 224),
+    steps: int = 200,
+    repeats: int = 5,
+    metaworld: bool = True,
+    progress: Any = None,
+) -> list[BenchRow]:
+    """Env steps/s of every tabletop task (and Meta-World reach/pick-place when installed)."""
+    import functools
+
+    import embodied.sims as sims
+
+    jobs = [("tabletop", t, functools.partial(sims.make, t)) for t in (tasks or sims.list_tasks())]
+    if metaworld and _metaworld_available():
+        for name in ("reach-v3", "pick-place-v3"):
+            jobs.append(("metaworld", name, functools.partial(sims.make, f"metaworld/{name}")))
+    rows: list[BenchRow] = []
+    for suite, task, make in jobs:
+        if progress is not None:
+            progress(f"{suite}/{task}")
+        rows.extend(bench_env(suite, task, make, resolutions, steps, repeats))
+    return rows
+
+
+def _metaworld_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("metaworld") is not None
+
+
+def format_table(rows: list[BenchRow]) -> str:
+    """Fixed-width text table of bench rows."""
+    header = ("suite", "task", "mode", "steps/s", "baseline", "baseline steps/s", "ratio")
+    lines = [
+        (
+            r.suite,
+            r.task,
+            r.mode,
+            f"{r.steps_per_s:,.0f}",
+            r.baseline,
+            f"{r.baseline_steps_per_s:,.0f}",
+            f"{r.ratio:.2f}x",
+        )
+        for r in rows
+    ]
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *lines, strict=True)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*line) for line in lines]
+    return "\n".join(out)

@@ -1,0 +1,153 @@
+"""The command line, the demo report, the sim benchmark, videos, rollouts and package layering."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+import embodied.sims as sims
+from embodied.cli import main
+from embodied.config import load_config
+from embodied.demo import DemoConfig
+from embodied.rollout import rollout_episode
+from embodied.run import read_metrics
+from embodied.video import write_video
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = ("sims", "policies", "rewards", "datasets")
+
+
+def test_help_lists_the_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("demo", "tasks", "bench"):
+        assert re.search(rf"\b{command}\b", out), command
+
+
+def test_tasks_lists_the_tabletop_suite(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tasks"]) == 0
+    assert capsys.readouterr().out.split() == sims.list_tasks()
+
+
+def test_demo_writes_a_complete_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["demo", "tasks=[Reach,ButtonPress]", "episodes=2", "image_size=48", "--out"]
+    assert main([*args, str(tmp_path)]) == 0
+    (run,) = tmp_path.iterdir()
+    results = json.loads((run / "results.json").read_text())["results"]
+    assert [r["task"] for r in results] == ["Reach", "ButtonPress"]
+    assert all(r["success_rate"] == 1.0 for r in results)  # the experts solve both tasks
+
+    page = (run / "report.html").read_text()
+    videos = re.findall(r'<video src="([^"]+)"', page)
+    assert len(videos) == 2
+    for video in videos:
+        with av.open(str(run / video)) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(frames) > 5 and frames[0].shape == (48, 48, 3)
+
+    cfg = load_config(DemoConfig, run / "config.yaml")
+    assert cfg.tasks == ["Reach", "ButtonPress"] and cfg.episodes == 2
+    metrics = read_metrics(run / "metrics.jsonl")
+    assert metrics[0]["Reach/success_rate"] == 1.0
+    assert "| Reach | 2 | 100% |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("episodes=many", "config key 'episodes' expects int, got 'many'"),
+        ("episodez=3", "unknown config key 'episodez'"),
+        ("tasks=[Fly]", "unknown task(s) ['Fly']; available: Reach, Push"),
+    ],
+)
+def test_demo_bad_input_is_a_clear_error(
+    override: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", override, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_sim_reports_rates_against_raw_mujoco(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", "sim", "--json", "--tasks", "Reach", "--resolutions", "32"]
+    assert main([*args, "--steps", "20", "--repeats", "1", "--no-metaworld"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["mode"] for r in rows] == ["state", "camera 32x32"]
+    for row in rows:
+        assert row["task"] == "Reach" and row["baseline"] == "raw mj_step x5"
+        assert row["steps_per_s"] > 0 and row["baseline_steps_per_s"] > 0
+        assert row["ratio"] == pytest.approx(row["baseline_steps_per_s"] / row["steps_per_s"])
+    # Rendering costs time: the camera row is slower than the state-only row.
+    assert rows[1]["steps_per_s"] < rows[0]["steps_per_s"]
+
+
+def test_video_round_trip_is_close(tmp_path: Path) -> None:
+    yy, xx = np.mgrid[0:33, 0:47]  # odd sizes are padded to even ones
+    frames = np.stack(
+        [np.stack([(xx * 5 + t * 8) % 256, yy * 7, np.full_like(xx, 90)], -1) for t in range(12)]
+    ).astype(np.uint8)
+    path = write_video(tmp_path / "clip.mp4", frames, fps=10, crf=10)
+    with av.open(str(path)) as container:
+        decoded = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    assert decoded.shape == (12, 34, 48, 3)
+    mse = np.mean((decoded[:, :33, :47].astype(float) - frames) ** 2)
+    assert 10 * np.log10(255**2 / mse) > 28  # PSNR in dB
+    assert [p.name for p in tmp_path.iterdir()] == ["clip.mp4"]  # no temporary file left
+
+
+def test_video_rejects_bad_frames(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"uint8 \[T, H, W, 3\], got float64 \[4, 8, 8\]"):
+        write_video(tmp_path / "x.mp4", np.zeros((4, 8, 8)))
+    with pytest.raises(ValueError, match="no frames"):
+        write_video(tmp_path / "x.mp4", np.zeros((0, 8, 8, 3), np.uint8))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rollout_records_the_episode() -> None:
+    env = sims.make("ButtonPress", obs_mode="state")
+    traj = rollout_episode(env, sims.make_expert(env), seed=4, suite="tabletop")
+    assert traj.success and traj.terminated[-1] and not traj.truncated.any()
+    assert traj.observations["agent_pos"].shape == (traj.length + 1, 4)
+    assert traj.actions.shape == (traj.length, 4)
+    assert traj.info["stage"][-1] == 1 and traj.info["collisions"].shape == (traj.length,)
+    assert traj.instruction.endswith("button") and traj.task == "ButtonPress"
+    assert traj.seed == 4 and traj.suite == "tabletop"
+    # Same seed, same expert: the same trajectory.
+    again = rollout_episode(env, sims.make_expert(env), seed=4, suite="tabletop")
+    np.testing.assert_array_equal(again.actions, traj.actions)
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("peer", PEERS)
+def test_peer_packages_never_import_each_other(peer: str) -> None:
+    others = [p for p in PEERS if p != peer]
+    for path in (ROOT / peer).rglob("*.py"):
+        for module in _imported_modules(path):
+            for other in others:
+                assert not module.startswith(f"embodied.{other}"), f"{path} imports {module}"
+            assert module.split(".")[0] not in PEERS, f"{path} imports {module} (use embodied.*)"
+
+
+def test_importing_sims_does_not_import_torch() -> None:
+    code = "import sys, embodied.sims; print('torch' in sys.modules, 'mujoco' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

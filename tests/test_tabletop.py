@@ -1,0 +1,522 @@
+"""Tests for the built-in MuJoCo tabletop suite (embodied.sims): Gymnasium conformance, seeding,
+scripted experts, instructions, stages, collisions, observations, input validation, vector envs."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import embodied.sims as sims
+
+TASKS = sims.list_tasks()
+MULTI_GOAL_TASKS = [t for t in TASKS if t != "DrawerOpen"]
+INFO_KEYS = (
+    "success",
+    "stage",
+    "stage_name",
+    "collisions",
+    "ee_pos",
+    "object_pos",
+    "goal_pos",
+    "instruction",
+    "task",
+)
+
+
+# --- helpers --------------------------------------------------------------------------------------
+def run_until_done(env: gym.Env, policy, obs: Any) -> list[dict[str, Any]]:
+    """Step ``policy`` from ``obs`` until the episode ends; return the step infos."""
+    infos = []
+    while True:
+        obs, _, terminated, truncated, info = env.step(policy(obs))
+        infos.append(info)
+        if terminated or truncated:
+            return infos
+
+
+def expert_episode(env: gym.Env, reset_seed: int, **expert_kwargs: Any) -> list[dict[str, Any]]:
+    """Reset to ``reset_seed`` and run the scripted expert; return reset info + step infos."""
+    obs, info = env.reset(seed=reset_seed)
+    return [info, *run_until_done(env, sims.make_expert(env, **expert_kwargs), obs)]
+
+
+def assert_same(a: Any, b: Any, where: str = "") -> None:
+    """Exact equality of nested dicts / arrays / scalars."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, tuple | list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, np.ndarray | np.generic):
+        assert np.array_equal(a, b), where
+    else:
+        assert a == b, where
+
+
+def collapse(seq: list[int]) -> list[int]:
+    """Drop consecutive repeats: [0, 0, 1, 1, 2] -> [0, 1, 2]."""
+    return [k for k, _ in itertools.groupby(seq)]
+
+
+@pytest.fixture
+def state_env(request):
+    """A state-mode env of the task named by ``request.param`` (PickPlace by default)."""
+    env = sims.make(getattr(request, "param", "PickPlace"), obs_mode="state")
+    yield env
+    env.close()
+
+
+# --- 1. Gymnasium conformance ---------------------------------------------------------------------
+@pytest.mark.parametrize("task", TASKS)
+def test_check_env_passes(task):
+    env = sims.make(task, image_size=48)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_env(env.unwrapped, skip_render_check=False)
+    finally:
+        env.close()
+    # check_env reports most problems as warnings; only the unbounded state boxes are expected.
+    unexpected = [str(w.message) for w in caught if "infinity" not in str(w.message)]
+    assert not unexpected
+
+
+def test_make_returns_time_limited_env():
+    env = sims.make("embodied/Reach-v0", obs_mode="state")
+    try:
+        assert env.spec.id == "embodied/Reach-v0"
+        assert env.spec.max_episode_steps == sims.TABLETOP_TASKS["Reach"]
+        assert env.unwrapped.task.name == "Reach"
+    finally:
+        env.close()
+
+
+# --- 2. Determinism -------------------------------------------------------------------------------
+def _random_rollout(task: str, seed: int, steps: int = 30) -> list[tuple]:
+    env = sims.make(task, obs_mode="pixels_state", image_size=48)
+    try:
+        obs, info = env.reset(seed=seed)
+        record = [(obs, info)]
+        rng = np.random.default_rng(1234)
+        for _ in range(steps):
+            out = env.step(rng.uniform(-1.0, 1.0, size=4).astype(np.float32))
+            record.append(out)
+            if out[2] or out[3]:
+                break
+        return record
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_same_seed_same_actions_is_deterministic(task):
+    first, second = _random_rollout(task, seed=11), _random_rollout(task, seed=11)
+    assert len(first) == len(second) > 1
+    for t, (a, b) in enumerate(zip(first, second, strict=True)):
+        assert_same(a[0]["pixels"], b[0]["pixels"], f"step {t} pixels")
+        assert_same(a[0]["agent_pos"], b[0]["agent_pos"], f"step {t} agent_pos")
+        assert_same(a[0], b[0], f"step {t} obs")
+        assert_same(a[1:], b[1:], f"step {t} reward/flags/info")
+    # The actions really moved the robot (otherwise the equality above says little).
+    assert not np.array_equal(first[0][0]["agent_pos"], first[-1][0]["agent_pos"])
+
+
+def test_reset_with_same_seed_restores_initial_state(state_env):
+    obs, info = state_env.reset(seed=5)
+    for _ in range(10):
+        state_env.step(state_env.action_space.sample())
+    again, info_again = state_env.reset(seed=5)
+    assert_same(obs, again)
+    assert_same(info, info_again)
+
+
+def test_different_seeds_give_different_layouts_and_instructions(state_env):
+    states, instructions, goals = [], set(), set()
+    for seed in range(6):
+        obs, info = state_env.reset(seed=seed)
+        states.append(obs["environment_state"])
+        instructions.add(info["instruction"])
+        goals.add(tuple(sorted(state_env.unwrapped.goal.items())))
+    for a, b in itertools.combinations(states, 2):
+        assert not np.allclose(a, b)
+    assert len(instructions) >= 3
+    assert len(goals) >= 2
+
+
+def test_different_seeds_give_different_images():
+    env = sims.make("PickPlace", image_size=48)
+    try:
+        a = env.reset(seed=0)[0]["pixels"]
+        b = env.reset(seed=1)[0]["pixels"]
+    finally:
+        env.close()
+    assert not np.array_equal(a, b)
+
+
+# --- 3. Scripted experts --------------------------------------------------------------------------
+@pytest.mark.parametrize("state_env", TASKS, indirect=True)
+def test_expert_solves_task(state_env):
+    successes = [expert_episode(state_env, seed)[-1]["success"] for seed in range(20)]
+    assert sum(successes) >= 19, successes
+
+
+@pytest.mark.parametrize("state_env", TASKS, indirect=True)
+def test_noisy_expert_mostly_succeeds_and_differs(state_env):
+    successes = [
+        expert_episode(state_env, seed, noise=0.1, seed=seed)[-1]["success"] for seed in range(20)
+    ]
+    assert sum(successes) >= 15, successes
+
+    obs, _ = state_env.reset(seed=0)
+    clean = sims.make_expert(state_env)
+    noisy = sims.make_expert(state_env, noise=0.1, seed=0)
+    twin = sims.make_expert(state_env, noise=0.1, seed=0)
+    differences = []
+    for _ in range(10):
+        a_clean, a_noisy = clean(obs), noisy(obs)
+        assert state_env.action_space.contains(a_noisy)
+        np.testing.assert_array_equal(a_noisy, twin(obs))  # seeded noise is reproducible
+        differences.append(np.abs(a_noisy - a_clean).max())
+        obs = state_env.step(a_noisy)[0]
+    # Saturated components can clip back to the clean action, but not on most steps.
+    assert sum(d > 1e-3 for d in differences) >= 7, differences
+
+
+# --- 4. The instruction matters -------------------------------------------------------------------
+@pytest.mark.parametrize("state_env", MULTI_GOAL_TASKS, indirect=True)
+def test_expert_following_another_instruction_does_not_succeed(state_env):
+    env = state_env.unwrapped
+    for seed in range(3):
+        obs, _ = state_env.reset(seed=seed)
+        goal = env.goal
+        alternative = env.task.alternative_goals(goal)[0]
+        assert alternative != goal
+        infos = run_until_done(state_env, sims.make_expert(state_env, goal=alternative), obs)
+        assert infos[-1]["success"] is False, (seed, goal, alternative)
+        assert env.task.evaluate(env.scene, alternative).success, (seed, goal, alternative)
+        assert not env.task.evaluate(env.scene, goal).success
+
+
+def test_drawer_open_has_a_single_goal():
+    task = sims.make("DrawerOpen", obs_mode="state").unwrapped.task
+    assert task.all_goals() == [{}]
+    assert task.alternative_goals({}) == []
+
+
+@pytest.mark.parametrize("state_env", TASKS, indirect=True)
+def test_instruction_names_the_goal(state_env):
+    env = state_env.unwrapped
+    for goal in env.task.all_goals():
+        _, info = state_env.reset(seed=0, options={"goal": goal})
+        assert env.goal == goal
+        assert info["instruction"] == env.instruction != ""
+        words = env.instruction.split()
+        for color in goal.values():
+            assert color in words, (env.instruction, goal)
+        if env.task.name == "Stack":  # moved block named before the base block
+            assert words.index(goal["block"]) < words.index(goal["base"])
+    if env.task.name == "DrawerOpen":
+        assert "drawer" in env.instruction
+
+
+# --- 5. Stages ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("state_env", ["PickPlace"], indirect=True)
+def test_pick_place_stages(state_env):
+    stages = state_env.unwrapped.task.stages
+    assert len(stages) == 5
+    for seed in range(3):
+        infos = expert_episode(state_env, seed)
+        for info in infos:
+            assert info["stage_name"] == stages[info["stage"]]
+        sequence = [info["stage"] for info in infos]
+        assert sequence[0] == 0
+        assert max(sequence) == len(stages) - 1
+        # A clean expert episode goes through every subtask in order, never back.
+        assert collapse(sequence) == [0, 1, 2, 3, 4], collapse(sequence)
+        assert infos[-1]["success"] and infos[-1]["stage"] == 4
+
+
+@pytest.mark.parametrize("state_env", ["DrawerOpen"], indirect=True)
+def test_drawer_open_stages(state_env):
+    stages = state_env.unwrapped.task.stages
+    for seed in range(3):
+        infos = expert_episode(state_env, seed)
+        assert all(info["stage_name"] == stages[info["stage"]] for info in infos)
+        assert collapse([info["stage"] for info in infos]) == [0, 1, 2]
+        assert infos[-1]["success"]
+
+
+# --- 6. Collisions --------------------------------------------------------------------------------
+@pytest.mark.parametrize("state_env", ["PickPlace"], indirect=True)
+def test_touching_the_wrong_block_counts_as_collision(state_env):
+    env = state_env.unwrapped
+    correct_total = 0
+    for seed in range(5):
+        correct = expert_episode(state_env, seed)
+        correct_total += sum(info["collisions"] for info in correct)
+        assert correct[-1]["success"]
+
+        obs, _ = state_env.reset(seed=seed)
+        goal = env.goal
+        wrong = next(g for g in env.task.alternative_goals(goal) if g["block"] != goal["block"])
+        infos = run_until_done(state_env, sims.make_expert(state_env, goal=wrong), obs)
+        assert sum(info["collisions"] for info in infos) > 0, seed
+    assert correct_total <= 5
+
+
+# --- 7. Info and observations ---------------------------------------------------------------------
+@pytest.mark.parametrize("state_env", TASKS, indirect=True)
+def test_info_keys_every_step(state_env):
+    env = state_env.unwrapped
+    n_objects = len(env.scene.object_names)
+    _, info = state_env.reset(seed=2)
+    infos = [info]
+    for _ in range(10):
+        obs, _, _, _, info = state_env.step(state_env.action_space.sample())
+        infos.append(info)
+        np.testing.assert_array_equal(info["ee_pos"], obs["agent_pos"][:3])
+    for info in infos:
+        assert set(INFO_KEYS) <= info.keys()
+        assert isinstance(info["success"], bool)
+        assert 0 <= info["stage"] < len(env.task.stages)
+        assert info["stage_name"] == env.task.stages[info["stage"]]
+        assert info["collisions"] >= 0
+        assert info["ee_pos"].shape == (3,) and info["goal_pos"].shape == (3,)
+        assert info["object_pos"].shape == (n_objects, 3)
+        assert info["instruction"] == env.instruction
+        assert info["task"] == env.task.name
+
+
+def test_two_cameras_give_a_dict_of_images():
+    env = sims.make("PickPlace", cameras=("front", "wrist"), image_size=(40, 56))
+    try:
+        obs, _ = env.reset(seed=0)
+        assert env.observation_space.contains(obs)
+        pixels = obs["pixels"]
+        assert isinstance(pixels, dict) and set(pixels) == {"front", "wrist"}
+        for image in pixels.values():
+            assert image.shape == (40, 56, 3) and image.dtype == np.uint8
+            assert image.std() > 0
+        assert not np.array_equal(pixels["front"], pixels["wrist"])
+        obs = env.step(np.zeros(4, dtype=np.float32))[0]
+        assert set(obs["pixels"]) == {"front", "wrist"}
+    finally:
+        env.close()
+
+
+def test_state_mode_has_no_pixels(state_env):
+    obs, _ = state_env.reset(seed=0)
+    assert "pixels" not in obs and "pixels" not in state_env.observation_space.spaces
+    assert obs["environment_state"].dtype == np.float32
+    assert obs["environment_state"].shape == state_env.observation_space["environment_state"].shape
+    assert obs["agent_pos"].shape == (4,)
+    assert state_env.observation_space.contains(obs)
+
+
+def test_gripper_gap_follows_the_gripper_command(state_env):
+    obs, _ = state_env.reset(seed=0)  # starts high above the table with the gripper open
+    close, open_ = np.array([0, 0, 0, 1], np.float32), np.array([0, 0, 0, -1], np.float32)
+    gaps = [obs["agent_pos"][3]]
+    for _ in range(8):
+        gaps.append(state_env.step(close)[0]["agent_pos"][3])
+    assert gaps[0] > 0.075 and gaps[0] > gaps[1] > gaps[2]  # shrinks while closing
+    assert gaps[-1] < 0.01
+    gaps = gaps[-1:]
+    for _ in range(8):
+        gaps.append(state_env.step(open_)[0]["agent_pos"][3])
+    assert gaps[0] < gaps[1] < gaps[2]  # grows while opening
+    assert gaps[-1] > 0.075
+
+
+def test_render_returns_an_image():
+    env = sims.make("Stack", image_size=48)
+    try:
+        obs, _ = env.reset(seed=0)
+        frame = env.render()
+        assert frame.dtype == np.uint8 and frame.shape == (48, 48, 3)
+        assert frame.std() > 0
+        np.testing.assert_array_equal(frame, obs["pixels"])  # render shows the current state
+    finally:
+        env.close()
+
+
+def test_fast_render_false_builds_and_renders():
+    pretty = sims.make("PickPlace", image_size=48, fast_render=False)
+    fast = sims.make("PickPlace", image_size=48)
+    try:
+        obs, _ = pretty.reset(seed=0)
+        assert obs["pixels"].shape == (48, 48, 3) and obs["pixels"].std() > 0
+        frame = pretty.render()
+        assert frame.dtype == np.uint8 and frame.std() > 0
+        obs = pretty.step(np.zeros(4, dtype=np.float32))[0]
+        assert obs["pixels"].std() > 0
+        assert pretty.unwrapped.model.vis.quality.shadowsize > 0
+        # Same state, different rendering quality.
+        fast.reset(seed=0)
+        fast.step(np.zeros(4, dtype=np.float32))
+        assert not np.array_equal(fast.render(), pretty.render())
+    finally:
+        pretty.close()
+        fast.close()
+
+
+# --- 8. Bad input ---------------------------------------------------------------------------------
+def test_unknown_task_lists_available_tasks():
+    with pytest.raises(ValueError, match="unknown task") as excinfo:
+        sims.make("OpenTheFridge")
+    for task in TASKS:
+        assert task in str(excinfo.value)
+
+
+def test_invalid_env_kwargs_are_rejected():
+    with pytest.raises(ValueError, match="obs_mode"):
+        sims.make("Reach", obs_mode="depth")
+    with pytest.raises(ValueError, match="cameras"):
+        sims.make("Reach", cameras=("top",))
+
+
+def test_wrong_action_shape_is_rejected(state_env):
+    state_env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"\(3,\)"):
+        state_env.step(np.zeros(3, dtype=np.float32))
+
+
+def test_non_finite_action_is_rejected(state_env):
+    state_env.reset(seed=0)
+    with pytest.raises(ValueError, match="non-finite"):
+        state_env.step(np.array([0.0, np.nan, 0.0, 0.0], dtype=np.float32))
+
+
+def test_goal_of_another_task_is_rejected(state_env):
+    with pytest.raises(ValueError, match="not a goal of PickPlace"):
+        state_env.reset(seed=0, options={"goal": {"button": "red"}})
+    with pytest.raises(ValueError, match="not a goal"):
+        state_env.reset(seed=0, options={"goal": {"block": "green", "plate": "purple"}})
+
+
+@pytest.mark.parametrize("bad_value", [1e12, np.nan])
+@pytest.mark.parametrize("steps_before", [0, 3])
+def test_physics_blow_up_truncates_with_error(
+    state_env, bad_value, steps_before, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # MuJoCo appends its warning to ./MUJOCO_LOG.TXT
+    state_env.reset(seed=0)
+    for _ in range(steps_before):
+        state_env.step(np.zeros(4, dtype=np.float32))
+    state_env.unwrapped.data.qvel[:] = bad_value
+    obs, reward, terminated, truncated, info = state_env.step(np.zeros(4, dtype=np.float32))
+    assert truncated and not terminated
+    assert "error" in info and "instability" in info["error"]
+    assert info["success"] is False and reward == 0.0
+    assert np.isfinite(obs["agent_pos"]).all() and np.isfinite(obs["environment_state"]).all()
+    # The env is usable again after a reset.
+    state_env.reset(seed=0)
+    info = state_env.step(np.zeros(4, dtype=np.float32))[4]
+    assert "error" not in info
+
+
+def test_physics_blow_up_in_one_vector_env_spares_the_other(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MuJoCo appends its warning to ./MUJOCO_LOG.TXT
+    vec = sims.make_vec_env("PickPlace", 2, obs_mode="state")
+    try:
+        vec.reset(seed=[0, 1])
+        vec.envs[0].unwrapped.data.qvel[:] = 1e12
+        obs, _, terminated, truncated, infos = vec.step(np.zeros((2, 4), dtype=np.float32))
+        assert truncated.tolist() == [True, False] and not terminated.any()
+        assert infos["_error"].tolist() == [True, False]
+        assert "instability" in infos["error"][0]
+        positions = [obs["agent_pos"][1].copy()]
+        actions = np.tile(np.array([1.0, 1.0, 0.0, 0.0], dtype=np.float32), (2, 1))
+        for _ in range(5):
+            obs, _, terminated, truncated, infos = vec.step(actions)
+            assert not truncated.any() and not terminated.any()
+            assert "error" not in infos
+            positions.append(obs["agent_pos"][1].copy())
+        assert positions[-1][0] > positions[0][0] + 0.03  # env 1 kept moving
+    finally:
+        vec.close()
+
+
+# --- 9. Vector envs -------------------------------------------------------------------------------
+def test_grouped_seeds():
+    assert sims.grouped_seeds([3, 7], 2) == [3, 3, 7, 7]
+    assert sims.grouped_seeds([5], 1) == [5]
+    with pytest.raises(ValueError):
+        sims.grouped_seeds([1], 0)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_vector_env_groups_share_initial_state(asynchronous):
+    vec = sims.make_vec_env("Reach", 4, asynchronous=asynchronous, obs_mode="state")
+    try:
+        obs, infos = vec.reset(seed=sims.grouped_seeds([3, 7], 2))
+        for key in ("agent_pos", "environment_state"):
+            x = obs[key]
+            assert x.shape[0] == 4
+            assert np.array_equal(x[0], x[1]) and np.array_equal(x[2], x[3])
+            assert not np.array_equal(x[0], x[2])
+        assert infos["instruction"][0] == infos["instruction"][1]
+        assert infos["instruction"][2] == infos["instruction"][3]
+        assert list(vec.get_attr("instruction")) == list(infos["instruction"])
+
+        for _ in range(5):
+            actions = np.stack(vec.call("scripted_action"))
+            assert actions.shape == (4, 4)
+            obs, rewards, terminated, truncated, infos = vec.step(actions)
+            assert obs["agent_pos"].shape == (4, 4) and obs["environment_state"].shape[0] == 4
+            assert rewards.shape == terminated.shape == truncated.shape == (4,)
+            assert all(isinstance(s, str) and s for s in infos["instruction"])
+            assert infos["success"].shape == (4,)
+        # Same seed and same (expert) actions: the groups are still identical.
+        assert np.array_equal(obs["environment_state"][0], obs["environment_state"][1])
+        assert np.array_equal(obs["agent_pos"][2], obs["agent_pos"][3])
+    finally:
+        vec.close()
+
+
+def test_async_vector_env_renders_in_workers():
+    # The parent has rendered (it holds a GL context) before the workers start: a worker that
+    # inherits that state by fork can hang on its first render, so wait with timeouts.
+    parent = sims.make("Reach", image_size=32)
+    parent.reset(seed=0)
+    assert parent.render().std() > 0
+    vec = sims.make_vec_env("Reach", 2, asynchronous=True, image_size=32)
+    try:
+        vec.reset_async(seed=[0, 1])
+        obs, _ = vec.reset_wait(timeout=60)
+        assert obs["pixels"].shape == (2, 32, 32, 3) and obs["pixels"].dtype == np.uint8
+        np.testing.assert_array_equal(obs["pixels"][0], parent.render())
+        vec.step_async(np.zeros((2, 4), dtype=np.float32))
+        obs = vec.step_wait(timeout=60)[0]
+        assert obs["pixels"].shape == (2, 32, 32, 3)
+        assert all(image.std() > 0 for image in obs["pixels"])
+        assert not np.array_equal(obs["pixels"][0], obs["pixels"][1])
+    except BaseException:
+        vec.close(terminate=True)  # a hung worker would never answer a clean close
+        raise
+    else:
+        vec.close()
+    finally:
+        parent.close()
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
+def test_vector_env_autoreset_modes(mode):
+    vec = sims.make_vec_env("Reach", 1, autoreset_mode=mode, obs_mode="state")
+    try:
+        assert vec.metadata["autoreset_mode"] == gym.vector.AutoresetMode[mode.upper()]
+        vec.reset(seed=0)
+        vec.step(np.zeros((1, 4), dtype=np.float32))
+    finally:
+        vec.close()
+    with pytest.raises(ValueError, match="autoreset_mode"):
+        sims.make_vec_env("Reach", 1, autoreset_mode="sometimes")
