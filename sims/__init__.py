@@ -18,10 +18,9 @@ from embodied.sims.registry import (  # noqa: E402
     list_tasks,
     make,
     make_expert,
-    make_vec_env,
     task_id,
 )
-from embodied.sims.vector import grouped_seeds  # noqa: E402
+from embodied.sims.vector import grouped_seeds, make_vec_env  # noqa: E402
 
 __all__ = [
     "TABLETOP_TASKS",

@@ -28,13 +28,18 @@ import warnings
 from typing import Any
 
 import gymnasium as gym
-import mujoco
 import numpy as np
-from gymnasium import spaces
 
+from embodied.sims.conventions import (
+    BlowUpDetector,
+    action_space,
+    check_options,
+    checked_action,
+    image_shape,
+    observation_space,
+)
 from embodied.sims.render import CameraRenderer, set_render_quality
 
-OBS_MODES = ("pixels", "state", "pixels_state")
 GOALS_PER_BENCHMARK = 50  # MT1 samples this many goals per benchmark seed
 # Cameras whose up axis points at the floor (verified by rendering): rotate their images 180 deg.
 UPSIDE_DOWN_CAMERAS = frozenset({"corner", "corner2", "corner3", "corner4"})
@@ -130,13 +135,10 @@ class MetaWorldEnv(gym.Env):
         available = metaworld_tasks()
         if task not in available:
             raise ValueError(f"unknown Meta-World task {task!r}; available: {', '.join(available)}")
-        if obs_mode not in OBS_MODES:
-            raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {obs_mode!r}")
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        check_options(obs_mode, render_mode)
         if max_path_length is not None and max_path_length < 1:
             raise ValueError(f"max_path_length must be positive, got {max_path_length}")
-        height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+        height, width = image_shape(image_size)
 
         self.task, self.obs_mode, self.render_mode = task, obs_mode, render_mode
         self.instruction = task_instruction(task)
@@ -160,19 +162,10 @@ class MetaWorldEnv(gym.Env):
         self._renderer = CameraRenderer(self.model, height, width)
         self._policy = ENV_POLICY_MAP[task]()
 
-        self.action_space = spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
-        obs_spaces: dict[str, spaces.Space] = {
-            "agent_pos": spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
-        }
-        if obs_mode in ("pixels", "pixels_state"):
-            image = spaces.Box(0, 255, shape=(height, width, 3), dtype=np.uint8)
-            obs_spaces["pixels"] = (
-                image if len(cameras) == 1 else spaces.Dict({c: image for c in cameras})
-            )
-        if obs_mode in ("state", "pixels_state"):
-            n = self._env.observation_space.shape[0]
-            obs_spaces["environment_state"] = spaces.Box(-np.inf, np.inf, (n,), np.float32)
-        self.observation_space = spaces.Dict(obs_spaces)
+        self.action_space = action_space()
+        state_dim = self._env.observation_space.shape[0]
+        self.observation_space = observation_space(obs_mode, cameras, height, width, state_dim)
+        self._blow_up = BlowUpDetector(self.model, self.data, self.frame_skip)
 
         self._raw: np.ndarray | None = None  # Meta-World's last raw observation
         self._steps = 0
@@ -196,24 +189,19 @@ class MetaWorldEnv(gym.Env):
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Apply one 4-D action (hand xyz delta, gripper effort) for 5 Meta-World physics steps."""
-        action = np.asarray(action, dtype=np.float64)
-        if action.shape != (4,):
-            raise ValueError(
-                f"action must have shape (4,) [dx, dy, dz, gripper], got shape {action.shape}"
-            )
-        if not np.isfinite(action).all():
-            raise ValueError(f"action has non-finite values: {action.tolist()}")
+        action = checked_action(action).astype(np.float32)
         if self._raw is None:
             raise RuntimeError("call reset() before step()")
-        action = np.clip(action, -1.0, 1.0).astype(np.float32)
 
-        time_before = self.data.time
+        self._blow_up.before_step()
         try:
             raw, reward, _, truncated, mw_info = self._env.step(action)
         except Exception as err:  # a Meta-World failure ends the episode instead of the program
             return self._failed_step(f"Meta-World step failed: {type(err).__name__}: {err}")
         self._steps += 1
-        error = self._physics_error(time_before, raw)
+        error = self._blow_up.error(self._steps)
+        if error is None and not np.isfinite(raw).all():
+            error = f"non-finite observation from Meta-World at step {self._steps}"
         if error is not None:
             return self._failed_step(error)
 
@@ -284,18 +272,3 @@ class MetaWorldEnv(gym.Env):
         info = self._info(success=False)
         info["error"] = error
         return self._observation(), 0.0, False, True, info
-
-    def _physics_error(self, time_before: float, raw: np.ndarray) -> str | None:
-        """Detect a blow-up: MuJoCo resets the state on NaN/huge accelerations and warns."""
-        expected = time_before + 0.5 * self.model.opt.timestep * self._env.frame_skip
-        if (
-            self.data.time >= expected
-            and np.isfinite(self.data.qpos).all()
-            and np.isfinite(raw).all()
-        ):
-            return None
-        names = ("mjWARN_BADQACC", "mjWARN_BADQVEL", "mjWARN_BADQPOS")
-        hits = [n for n in names if self.data.warning[getattr(mujoco.mjtWarning, n)].number > 0]
-        return (
-            f"physics instability at step {self._steps} ({', '.join(hits) or 'non-finite state'})"
-        )

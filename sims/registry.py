@@ -110,17 +110,3 @@ def make_expert(
 ) -> ScriptedExpert:
     """The scripted expert for ``env`` (tabletop rules, or Meta-World's ``metaworld.policies``)."""
     return ScriptedExpert(env, noise=noise, seed=seed, goal=goal)
-
-
-def make_vec_env(
-    task: str,
-    num_envs: int,
-    asynchronous: bool = False,
-    autoreset_mode: str = "next_step",
-    context: str | None = None,
-    **env_kwargs: Any,
-) -> gym.vector.VectorEnv:
-    """A vector env of ``num_envs`` copies of ``task``; see ``embodied.sims.vector``."""
-    from embodied.sims.vector import make_vec
-
-    return make_vec(task, num_envs, asynchronous, autoreset_mode, context, **env_kwargs)

@@ -48,6 +48,15 @@ class Scene:
         self.button_mocap = {c: model.body_mocapid[body(f"button_{c}")] for c in BUTTONS}
         self.button_qpos = {c: model.jnt_qposadr[joint(f"button_{c}")] for c in BUTTONS}
         self.cap_body = {c: body(f"button_{c}_cap") for c in BUTTONS}
+        # Flat index arrays so the per-step privileged reads are single numpy gathers.
+        self._block_xyz = np.array([[self.block_qpos[c] + i for i in range(3)] for c in BLOCKS])
+        self._block_pose = np.array([[self.block_qpos[c] + i for i in range(7)] for c in BLOCKS])
+        self._plate_ids = np.array([self.plate_mocap[c] for c in PLATES])
+        self._static_ids = np.array(
+            [*self._plate_ids, self.cabinet_mocap, *(self.button_mocap[c] for c in BUTTONS)]
+        )
+        self._cap_ids = np.array([self.cap_body[c] for c in BUTTONS])
+        self._button_q = np.array([self.button_qpos[c] for c in BUTTONS])
         self.object_names = (
             [f"block_{c}" for c in BLOCKS]
             + [f"plate_{c}" for c in PLATES]
@@ -58,11 +67,12 @@ class Scene:
     # --- robot -------------------------------------------------------------------------------
     def ee_pos(self) -> np.ndarray:
         """Grip-site position (between the finger tips): the gantry joints are its coordinates."""
-        return self.data.qpos[self.arm_qpos].copy()
+        return self.data.qpos[self.arm_qpos]  # fancy indexing returns a copy
 
     def gripper_gap(self) -> float:
         """Distance between the finger pads in metres (0 closed, 0.08 fully open)."""
-        return float(self.data.qpos[self.finger_qpos].sum())
+        qpos, (left, right) = self.data.qpos, self.finger_qpos
+        return float(qpos[left] + qpos[right])
 
     # --- objects -----------------------------------------------------------------------------
     def block_pos(self, color: str) -> np.ndarray:
@@ -121,18 +131,30 @@ class Scene:
 
     def object_positions(self) -> np.ndarray:
         """``float32 [N, 3]`` positions of ``object_names`` (privileged, for info and datasets)."""
-        rows = [self.block_pos(c) for c in BLOCKS]
-        rows += [self.plate_pos(c) for c in PLATES]
-        rows.append(self.handle_pos())
-        rows += [self.cap_top(c) for c in BUTTONS]
-        return np.asarray(rows, dtype=np.float32)
+        data = self.data
+        caps = data.xpos[self._cap_ids]
+        caps[:, 2] += CAP_HALF
+        return np.concatenate(
+            [
+                data.qpos[self._block_xyz],
+                data.mocap_pos[self._plate_ids],
+                data.geom_xpos[self.handle_geom][None],
+                caps,
+            ],
+            dtype=np.float32,
+        )
 
     def environment_state(self) -> np.ndarray:
-        """Flat privileged state for state-based baselines (39 values)."""
-        parts = [np.concatenate([self.block_pos(c), self.block_quat(c)]) for c in BLOCKS]
-        parts += [self.plate_pos(c) for c in PLATES]
-        parts.append(self.data.mocap_pos[self.cabinet_mocap])
-        parts.append([self.drawer_opening()])
-        parts += [self.data.mocap_pos[self.button_mocap[c]] for c in BUTTONS]
-        parts.append([self.button_press(c) for c in BUTTONS])
-        return np.concatenate(parts).astype(np.float32)
+        """Flat privileged state for state-based baselines (39 values): block poses, plate,
+        cabinet and button positions, drawer opening, button presses."""
+        data = self.data
+        return np.concatenate(
+            [
+                data.qpos[self._block_pose].ravel(),
+                data.mocap_pos[self._static_ids[:3]].ravel(),
+                data.qpos[self.drawer_qpos, None],
+                data.mocap_pos[self._static_ids[3:]].ravel(),
+                data.qpos[self._button_q],
+            ],
+            dtype=np.float32,
+        )

@@ -18,13 +18,19 @@ from typing import Any
 import gymnasium as gym
 import mujoco
 import numpy as np
-from gymnasium import spaces
 
+from embodied.sims.conventions import (
+    BlowUpDetector,
+    action_space,
+    check_options,
+    checked_action,
+    image_shape,
+    observation_space,
+)
 from embodied.sims.render import CameraRenderer, set_render_quality
 from embodied.sims.scene import ASSET, BLOCKS, BUTTONS, FINGER_MAX, PLATES, Scene
 from embodied.sims.tasks import TASKS, Task
 
-OBS_MODES = ("pixels", "state", "pixels_state")
 CAMERAS = ("front", "wrist")
 WORKSPACE_LOW = np.array([-0.3, -0.28, 0.015])
 WORKSPACE_HIGH = np.array([0.3, 0.28, 0.3])
@@ -32,8 +38,6 @@ TABLE_FORCE_LIMIT = 10.0  # newtons: robot-table contacts above this count as co
 
 # Object classes for the per-step collision count.
 _OTHER, _ROBOT, _TABLE, _TARGET, _OBSTACLE = range(5)
-# MuJoCo warnings raised (with an automatic reset of the state) when the simulation blows up.
-_BAD_STATE = ("mjWARN_BADQACC", "mjWARN_BADQVEL", "mjWARN_BADQPOS")
 
 
 class TabletopEnv(gym.Env):
@@ -57,15 +61,12 @@ class TabletopEnv(gym.Env):
             if task not in TASKS:
                 raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
             task = TASKS[task]()
-        if obs_mode not in OBS_MODES:
-            raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {obs_mode!r}")
+        check_options(obs_mode, render_mode)
         cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
         unknown = [c for c in cameras if c not in CAMERAS]
         if unknown or not cameras:
             raise ValueError(f"cameras must be a non-empty subset of {CAMERAS}, got {cameras}")
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
-        height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+        height, width = image_shape(image_size)
 
         self.task, self.obs_mode, self.cameras = task, obs_mode, cameras
         self.render_mode, self.frame_skip, self.action_scale = render_mode, frame_skip, action_scale
@@ -76,23 +77,12 @@ class TabletopEnv(gym.Env):
         self.data = mujoco.MjData(self.model)
         self.scene = Scene(self.model, self.data)
         self._renderer = CameraRenderer(self.model, height, width)
-        self._control_dt = self.model.opt.timestep * frame_skip
+        self._blow_up = BlowUpDetector(self.model, self.data, frame_skip)
         self._geom_class = self._classify_geoms()
-        self._table_geom = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_GEOM, "table")
 
-        self.action_space = spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
-        obs_spaces: dict[str, spaces.Space] = {
-            "agent_pos": spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
-        }
-        if obs_mode in ("pixels", "pixels_state"):
-            image = spaces.Box(0, 255, shape=(height, width, 3), dtype=np.uint8)
-            obs_spaces["pixels"] = (
-                image if len(cameras) == 1 else spaces.Dict({c: image for c in cameras})
-            )
-        if obs_mode in ("state", "pixels_state"):
-            n = len(self.scene.environment_state())
-            obs_spaces["environment_state"] = spaces.Box(-np.inf, np.inf, (n,), np.float32)
-        self.observation_space = spaces.Dict(obs_spaces)
+        self.action_space = action_space()
+        state_dim = len(self.scene.environment_state())
+        self.observation_space = observation_space(obs_mode, cameras, height, width, state_dim)
 
         self.goal: dict[str, str] = {}
         self.instruction = ""
@@ -126,24 +116,17 @@ class TabletopEnv(gym.Env):
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Apply one 4-D action for ``frame_skip`` physics steps."""
-        action = np.asarray(action, dtype=np.float64)
-        if action.shape != (4,):
-            raise ValueError(
-                f"action must have shape (4,) [dx, dy, dz, gripper], got shape {action.shape}"
-            )
-        if not np.isfinite(action).all():
-            raise ValueError(f"action has non-finite values: {action.tolist()}")
-        action = np.clip(action, -1.0, 1.0)
+        action = checked_action(action)
 
         data = self.data
-        ee = data.qpos[self.scene.arm_qpos]
-        data.ctrl[:3] = np.clip(ee + action[:3] * self.action_scale, WORKSPACE_LOW, WORKSPACE_HIGH)
+        setpoint = data.qpos[self.scene.arm_qpos] + action[:3] * self.action_scale
+        data.ctrl[:3] = np.minimum(np.maximum(setpoint, WORKSPACE_LOW), WORKSPACE_HIGH)
         data.ctrl[3:5] = FINGER_MAX * (1.0 - action[3]) / 2.0
-        time_before, warnings_before = data.time, self._bad_state_warnings()
+        self._blow_up.before_step()
         mujoco.mj_step(self.model, data, self.frame_skip)
         self._steps += 1
 
-        error = self._physics_error(time_before, warnings_before)
+        error = self._blow_up.error(self._steps)
         if error is not None:
             # MuJoCo has already reset the state; end the episode and say why.
             info = self._info(self.task.evaluate(self.scene, self.goal), collisions=0)
@@ -276,37 +259,14 @@ class TabletopEnv(gym.Env):
         classes = self._geom_class[pairs]
         robot = classes == _ROBOT
         involves_robot = robot[:, 0] ^ robot[:, 1]
+        if not involves_robot.any():  # the common case: the robot touches nothing
+            return 0
         other = np.where(robot[:, 0], classes[:, 1], classes[:, 0])
         bad = involves_robot & (other == _OBSTACLE)
-        count = len({tuple(p) for p in pairs[bad]})
+        count = len(np.unique(pairs[bad], axis=0)) if bad.any() else 0
         force = np.zeros(6)
         for i in np.flatnonzero(involves_robot & (other == _TABLE)):
             mujoco.mj_contactForce(self.model, data, int(i), force)
             if force[0] > TABLE_FORCE_LIMIT:
                 count += 1
         return count
-
-    def _bad_state_warnings(self) -> list[int]:
-        """MuJoCo's counters of bad-state warnings (kept across its automatic reset)."""
-        return [self.data.warning[getattr(mujoco.mjtWarning, n)].number for n in _BAD_STATE]
-
-    def _physics_error(self, time_before: float, warnings_before: list[int]) -> str | None:
-        """Detect a blow-up: MuJoCo resets the state on NaN/huge accelerations and warns.
-
-        The time check alone misses a blow-up within the first control step after ``reset`` (the
-        auto-reset sets time to 0 and stepping goes on), so new bad-state warnings count too.
-        """
-        expected = time_before + 0.5 * self._control_dt
-        warnings_after = self._bad_state_warnings()
-        if (
-            self.data.time >= expected
-            and warnings_after == warnings_before
-            and math.isfinite(self.data.qpos.sum())
-        ):
-            return None
-        hits = [
-            n for n, a, b in zip(_BAD_STATE, warnings_after, warnings_before, strict=True) if a > b
-        ]
-        return (
-            f"physics instability at step {self._steps} ({', '.join(hits) or 'non-finite state'})"
-        )

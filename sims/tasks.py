@@ -100,15 +100,8 @@ class Reach(Task):
         return (f"block_{goal['block']}",)
 
 
-class Push(Task):
-    name = "Push"
-    stages = ("approach", "push")
-    templates = (
-        "push the {block} block to the {plate} plate",
-        "slide the {block} block onto the {plate} plate",
-        "push the {block} block onto the {plate} plate",
-    )
-    TOLERANCE = 0.04
+class _BlockToPlate(Task):
+    """Goals that name one block and one plate; only the named block is meant to be touched."""
 
     def all_goals(self) -> list[Goal]:
         return [{"block": b, "plate": p} for b in BLOCKS for p in PLATES]
@@ -118,6 +111,20 @@ class Push(Task):
             "block": BLOCKS[int(rng.integers(len(BLOCKS)))],
             "plate": PLATES[int(rng.integers(len(PLATES)))],
         }
+
+    def target_bodies(self, goal: Goal) -> tuple[str, ...]:
+        return (f"block_{goal['block']}",)
+
+
+class Push(_BlockToPlate):
+    name = "Push"
+    stages = ("approach", "push")
+    templates = (
+        "push the {block} block to the {plate} plate",
+        "slide the {block} block onto the {plate} plate",
+        "push the {block} block onto the {plate} plate",
+    )
+    TOLERANCE = 0.04
 
     def layout_ok(self, scene: Scene, goal: Goal) -> bool:
         """No other block on the corridor the pusher sweeps (from behind the block to the plate)."""
@@ -134,11 +141,8 @@ class Push(Task):
         pushing = _xy_dist(ee, block) < 0.05 and ee[2] < 0.05
         return Evaluation(int(pushing or success), success, plate)
 
-    def target_bodies(self, goal: Goal) -> tuple[str, ...]:
-        return (f"block_{goal['block']}",)
 
-
-class PickPlace(Task):
+class PickPlace(_BlockToPlate):
     name = "PickPlace"
     stages = ("approach", "grasp", "lift", "carry", "place")
     templates = (
@@ -148,15 +152,6 @@ class PickPlace(Task):
     )
     TOLERANCE = 0.04  # block centre within this of the plate centre (plate radius 0.05)
     LIFTED = 0.03  # block raised this much above resting height counts as lifted
-
-    def all_goals(self) -> list[Goal]:
-        return [{"block": b, "plate": p} for b in BLOCKS for p in PLATES]
-
-    def sample_goal(self, rng: np.random.Generator) -> Goal:
-        return {
-            "block": BLOCKS[int(rng.integers(len(BLOCKS)))],
-            "plate": PLATES[int(rng.integers(len(PLATES)))],
-        }
 
     def place_target(self, scene: Scene, goal: Goal) -> np.ndarray:
         """Where the block's centre rests when the task is done."""
@@ -186,9 +181,6 @@ class PickPlace(Task):
         else:
             stage = 0
         return Evaluation(stage, success, target)
-
-    def target_bodies(self, goal: Goal) -> tuple[str, ...]:
-        return (f"block_{goal['block']}",)
 
 
 class Stack(PickPlace):

@@ -24,7 +24,7 @@ def _build(task: str, env_kwargs: dict[str, Any]) -> gym.Env:
     return make(task, **env_kwargs)
 
 
-def make_vec(
+def make_vec_env(
     task: str,
     num_envs: int,
     asynchronous: bool = False,
