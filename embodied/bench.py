@@ -1,8 +1,9 @@
 """``embodied bench``: speed of the toolkit's parts, each beside a baseline from the same run.
 
 Every figure is the median of ``repeats`` timed runs. For simulators the baseline is the raw
-``mj_step`` rate of the very same model with the same number of substeps per env step: the
-physical limit on this machine, so ``ratio`` is what the env wrapper costs on top of physics.
+``mj_step`` rate of the very same model with the same number of substeps per env step, replaying
+the controls (and mocap targets) the env produced from the same start states: the same physics
+with no wrapper around it, so ``ratio`` is what the env costs on top of the physical limit.
 """
 
 from __future__ import annotations
@@ -50,36 +51,61 @@ def _env_runner(env: Any, seed: int) -> Any:
     state = {"i": 0, "seed": seed}
     env.reset(seed=seed)
 
-    def run(steps: int) -> None:
+    def run(steps: int) -> bool:
+        """Take ``steps`` env steps; return whether the last one ended an episode."""
+        ended = False
         for _ in range(steps):
             _, _, terminated, truncated, _ = env.step(actions[state["i"] % len(actions)])
             state["i"] += 1
-            if terminated or truncated:
+            ended = terminated or truncated
+            if ended:
                 state["seed"] += 1
                 env.reset(seed=state["seed"])
+        return ended
 
     return run
 
 
-def _raw_runner(model: Any, data: Any, substeps: int) -> Any:
-    """A closure calling ``mj_step`` ``substeps`` times per step on a copy of the env's state."""
+def _raw_runner(env: Any, seed: int, steps: int) -> Any:
+    """A closure replaying, with bare ``mj_step`` calls, the physics of ``steps`` env steps.
+
+    The env is run once with the same fixed random actions as ``_env_runner``, recording the
+    full physics state at every episode start and the controls and mocap targets of every step.
+    """
     import mujoco
 
-    data = mujoco.MjData(model) if data is None else data
+    inner = env.unwrapped
+    model, data, substeps = inner.model, inner.data, int(inner.frame_skip)
+    kind = mujoco.mjtState.mjSTATE_FULLPHYSICS
+    size = mujoco.mj_stateSize(model, kind)
 
-    def run(steps: int) -> None:
-        for _ in range(steps):
-            mujoco.mj_step(model, data, substeps)
+    def snapshot() -> np.ndarray:
+        state = np.empty(size)
+        mujoco.mj_getState(model, data, state, kind)
+        return state
+
+    starts: dict[int, np.ndarray] = {}
+    ctrl, mocap_pos, mocap_quat = [], [], []
+    record = _env_runner(env, seed)  # resets the env to ``seed``
+    starts[0] = snapshot()
+    for i in range(steps):
+        if record(1):
+            starts[i + 1] = snapshot()
+        ctrl.append(data.ctrl.copy())
+        mocap_pos.append(data.mocap_pos.copy())
+        mocap_quat.append(data.mocap_quat.copy())
+    replay = mujoco.MjData(model)
+
+    def run(n: int) -> None:
+        for i in range(n):
+            j = i % steps
+            if j in starts:
+                mujoco.mj_setState(model, replay, starts[j], kind)
+            replay.ctrl[:] = ctrl[j]
+            replay.mocap_pos[:], replay.mocap_quat[:] = mocap_pos[j], mocap_quat[j]
+            mujoco.mj_step(model, replay, substeps)
 
     return run
-
-
-def _physics_of(env: Any) -> tuple[Any, Any, int]:
-    """(model, data copy, substeps per env step) of a MuJoCo-backed env, for the raw baseline."""
-    import copy
-
-    inner = env.unwrapped
-    return inner.model, copy.copy(inner.data), int(inner.frame_skip)
 
 
 def bench_env(
@@ -93,10 +119,8 @@ def bench_env(
 ) -> list[BenchRow]:
     """Rows for one task: state-only and per camera resolution, each against raw ``mj_step``."""
     env = make(obs_mode="state")
-    env.reset(seed=seed)
-    model, data, substeps = _physics_of(env)
-    raw = _median_rate(_raw_runner(model, data, substeps), steps, repeats)
-    baseline = f"raw mj_step x{substeps}"
+    raw = _median_rate(_raw_runner(env, seed, steps), steps, repeats)
+    baseline = f"raw mj_step x{env.unwrapped.frame_skip}"
     rows = []
     state_rate = _median_rate(_env_runner(env, seed), steps, repeats)
     rows.append(BenchRow(suite, task, "state", state_rate, baseline, raw, raw / state_rate))
@@ -112,7 +136,7 @@ def bench_env(
 def bench_sim(
     tasks: list[str] | None = None,
     resolutions: tuple[int, ...] = (64, 96, 128, 224),
-    steps: int = 200,
+    steps: int = 300,
     repeats: int = 5,
     metaworld: bool = True,
     progress: Any = None,

@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sim.add_argument("--tasks", nargs="+", default=None, help="tabletop tasks (default: all)")
     sim.add_argument("--resolutions", nargs="+", type=int, default=[64, 96, 128, 224])
-    sim.add_argument("--steps", type=int, default=200, help="env steps per timed run")
+    sim.add_argument("--steps", type=int, default=300, help="env steps per timed run")
     sim.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
     sim.add_argument("--no-metaworld", action="store_true", help="skip Meta-World rows")
     sim.set_defaults(func=_cmd_bench_sim)

@@ -15,9 +15,13 @@ from gymnasium import spaces
 
 OBS_MODES = ("pixels", "state", "pixels_state")
 ACTION_DIM = 4  # dx, dy, dz (end effector), gripper
-# MuJoCo warnings raised (with an automatic reset of the state) when the simulation blows up.
-_BAD_STATE = ("mjWARN_BADQACC", "mjWARN_BADQVEL", "mjWARN_BADQPOS")
-_BAD_STATE_IDS = np.array([int(getattr(mujoco.mjtWarning, n)) for n in _BAD_STATE])
+# MuJoCo warnings raised (with an automatic reset of the state) when the simulation blows up;
+# they are consecutive in mjtWarning, so one slice of the counters reads them all.
+_BAD_STATE = ("mjWARN_BADQPOS", "mjWARN_BADQVEL", "mjWARN_BADQACC")
+_FIRST_BAD = int(mujoco.mjtWarning.mjWARN_BADQPOS)
+assert [int(getattr(mujoco.mjtWarning, n)) for n in _BAD_STATE] == [
+    _FIRST_BAD + i for i in range(3)
+]
 
 
 def image_shape(image_size: int | tuple[int, int]) -> tuple[int, int]:
@@ -79,12 +83,13 @@ class BlowUpDetector:
 
     def __init__(self, model: mujoco.MjModel, data: mujoco.MjData, substeps: int) -> None:
         self.data = data
+        self._counters = data.warning.number  # a view: MuJoCo updates it in place
         self._half_step = 0.5 * model.opt.timestep * substeps
         self._time = 0.0
         self._warnings = self._counts()
 
-    def _counts(self) -> np.ndarray:
-        return self.data.warning.number[_BAD_STATE_IDS]
+    def _counts(self) -> list[int]:
+        return self._counters[_FIRST_BAD : _FIRST_BAD + 3].tolist()
 
     def before_step(self) -> None:
         """Remember the clock and the warning counters."""
@@ -95,7 +100,7 @@ class BlowUpDetector:
         counts = self._counts()
         if (
             self.data.time >= self._time + self._half_step
-            and np.array_equal(counts, self._warnings)
+            and counts == self._warnings
             and math.isfinite(self.data.qpos.sum())
         ):
             return None

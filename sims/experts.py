@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from embodied.sims.scene import BLOCK_HALF, Scene
+from embodied.sims.scene import BLOCK_HALF, Scene, xy_dist
 from embodied.sims.tasks import ButtonPress, DrawerOpen, Goal, PickPlace, Push, Reach, Task
 
 OPEN, CLOSE = -1.0, 1.0
@@ -23,15 +23,11 @@ def move(scene: Scene, target: np.ndarray, grip: float) -> np.ndarray:
     return np.append(np.asarray(target, dtype=np.float64) - scene.ee_pos(), grip)
 
 
-def _xy_dist(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.hypot(a[0] - b[0], a[1] - b[1]))
-
-
 def _travel(scene: Scene, target: np.ndarray, grip: float, hover: float = HOVER_Z) -> np.ndarray:
     """Go to ``target`` via the travel height: rise, move over it, then descend."""
     ee = scene.ee_pos()
-    if _xy_dist(ee, target) > 0.012:
-        if ee[2] < hover - 0.02 and _xy_dist(ee, target) > 0.03:
+    if xy_dist(ee, target) > 0.012:
+        if ee[2] < hover - 0.02 and xy_dist(ee, target) > 0.03:
             return move(scene, (ee[0], ee[1], hover), grip)
         return move(scene, (target[0], target[1], max(hover, target[2])), grip)
     return move(scene, target, grip)
@@ -73,13 +69,13 @@ def pick_place(task: PickPlace, scene: Scene, goal: Goal) -> np.ndarray:
     if task.placed(scene, goal) and not scene.grasped(color):
         return move(scene, (ee[0], ee[1], block[2] + 0.08), OPEN)  # let go and back off
     if not scene.grasped(color):
-        if _xy_dist(ee, block) > 0.012 or ee[2] > block[2] + 0.006:
+        if xy_dist(ee, block) > 0.012 or ee[2] > block[2] + 0.006:
             return _travel(scene, block, OPEN)
         return move(scene, block, CLOSE)
     # Holding the block: move so that the *block* (not the hand) lands on the target.
     carry_z = max(HOVER_Z + 0.02, target[2] + 0.06)
     offset = ee - block
-    if _xy_dist(block, target) > 0.015:
+    if xy_dist(block, target) > 0.015:
         if block[2] < carry_z - 0.03:
             return move(scene, (ee[0], ee[1], carry_z + offset[2]), CLOSE)
         return move(scene, (target[0], target[1], carry_z) + offset, CLOSE)
@@ -92,7 +88,7 @@ def drawer_open(task: DrawerOpen, scene: Scene, goal: Goal) -> np.ndarray:
     hook, ee = scene.hook_pos(), scene.ee_pos()
     if scene.drawer_opening() >= task.OPEN + 0.02:
         return move(scene, ee, CLOSE)
-    if _xy_dist(ee, hook) < 0.02 and ee[2] < hook[2] + 0.01:
+    if xy_dist(ee, hook) < 0.02 and ee[2] < hook[2] + 0.01:
         # Hooked behind the handle: pull toward the robot, keeping x and z on the handle.
         return move(scene, (hook[0], ee[1] - 0.03, hook[2]), CLOSE)
     return _travel(scene, hook, CLOSE, hover=0.17)

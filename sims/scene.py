@@ -6,6 +6,7 @@ MuJoCo indices, so both read the same facts the same way.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import mujoco
@@ -25,19 +26,30 @@ CAP_HALF = 0.01
 BUTTON_PRESSED = -0.01  # cap travel (m) that counts as a press
 
 
+def xy_dist(a: np.ndarray, b: np.ndarray) -> float:
+    """Horizontal distance between two points (math.hypot on floats: cheap in per-step code)."""
+    return math.hypot(float(a[0] - b[0]), float(a[1] - b[1]))
+
+
 class Scene:
     """Named views into one ``MjModel``/``MjData`` pair of the tabletop scene."""
 
     def __init__(self, model: mujoco.MjModel, data: mujoco.MjData) -> None:
         self.model, self.data = model, data
+        # Views of MjData's buffers (MuJoCo updates them in place): cheaper than attribute lookups.
+        self.qpos, self.mocap_pos = data.qpos, data.mocap_pos
+        self.xpos, self.geom_xpos = data.xpos, data.geom_xpos
         body = lambda name: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)  # noqa: E731
         joint = lambda name: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)  # noqa: E731
         geom = lambda name: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, name)  # noqa: E731
 
         self.arm_qpos = np.array([model.jnt_qposadr[joint(f"robot_{a}")] for a in "xyz"])
+        assert np.array_equal(np.diff(self.arm_qpos), [1, 1]), "gantry joints must be consecutive"
+        self.arm = slice(int(self.arm_qpos[0]), int(self.arm_qpos[0]) + 3)
         self.finger_qpos = np.array(
             [model.jnt_qposadr[joint("finger_left")], model.jnt_qposadr[joint("finger_right")]]
         )
+        self._left, self._right = (int(i) for i in self.finger_qpos)
         self.block_body = {c: body(f"block_{c}") for c in BLOCKS}
         self.block_qpos = {c: model.jnt_qposadr[joint(f"block_{c}")] for c in BLOCKS}
         self.plate_mocap = {c: model.body_mocapid[body(f"plate_{c}")] for c in PLATES}
@@ -67,35 +79,34 @@ class Scene:
     # --- robot -------------------------------------------------------------------------------
     def ee_pos(self) -> np.ndarray:
         """Grip-site position (between the finger tips): the gantry joints are its coordinates."""
-        return self.data.qpos[self.arm_qpos]  # fancy indexing returns a copy
+        return self.qpos[self.arm].copy()
 
     def gripper_gap(self) -> float:
         """Distance between the finger pads in metres (0 closed, 0.08 fully open)."""
-        qpos, (left, right) = self.data.qpos, self.finger_qpos
-        return float(qpos[left] + qpos[right])
+        return float(self.qpos[self._left] + self.qpos[self._right])
 
     # --- objects -----------------------------------------------------------------------------
     def block_pos(self, color: str) -> np.ndarray:
         """Centre of a block in world coordinates."""
         adr = self.block_qpos[color]
-        return self.data.qpos[adr : adr + 3].copy()
+        return self.qpos[adr : adr + 3].copy()
 
     def block_quat(self, color: str) -> np.ndarray:
         """Orientation quaternion (w, x, y, z) of a block."""
         adr = self.block_qpos[color]
-        return self.data.qpos[adr + 3 : adr + 7].copy()
+        return self.qpos[adr + 3 : adr + 7].copy()
 
     def plate_pos(self, color: str) -> np.ndarray:
         """Centre of a goal plate on the table (z = 0)."""
-        return self.data.mocap_pos[self.plate_mocap[color]].copy()
+        return self.mocap_pos[self.plate_mocap[color]].copy()
 
     def drawer_opening(self) -> float:
         """How far the drawer is pulled out, in metres (0 closed, 0.16 fully open)."""
-        return float(self.data.qpos[self.drawer_qpos])
+        return float(self.qpos[self.drawer_qpos])
 
     def handle_pos(self) -> np.ndarray:
         """Centre of the drawer's bar handle."""
-        return self.data.geom_xpos[self.handle_geom].copy()
+        return self.geom_xpos[self.handle_geom].copy()
 
     def hook_pos(self) -> np.ndarray:
         """Where the grip site goes to hook the handle: the gap between handle and drawer face."""
@@ -103,11 +114,11 @@ class Scene:
 
     def button_press(self, color: str) -> float:
         """Cap displacement of a button (0 released, negative when pressed)."""
-        return float(self.data.qpos[self.button_qpos[color]])
+        return float(self.qpos[self.button_qpos[color]])
 
     def cap_top(self, color: str) -> np.ndarray:
         """Centre of the top face of a button's cap."""
-        return self.data.xpos[self.cap_body[color]] + np.array([0.0, 0.0, CAP_HALF])
+        return self.xpos[self.cap_body[color]] + np.array([0.0, 0.0, CAP_HALF])
 
     # --- predicates --------------------------------------------------------------------------
     def grasped(self, color: str) -> bool:
@@ -117,11 +128,11 @@ class Scene:
         (soft contacts), so the lower bound on the gap is generous; a block between the pads keeps
         them well apart anyway.
         """
-        offset = self.block_pos(color) - self.ee_pos()
+        block, ee = self.block_pos(color), self.ee_pos()
         gap = self.gripper_gap()
         return bool(
-            np.hypot(offset[0], offset[1]) < 0.02
-            and abs(offset[2]) < 0.02
+            xy_dist(block, ee) < 0.02
+            and abs(block[2] - ee[2]) < 0.02
             and 2 * BLOCK_HALF - 0.016 < gap < 2 * BLOCK_HALF + 0.006
         )
 
@@ -131,14 +142,13 @@ class Scene:
 
     def object_positions(self) -> np.ndarray:
         """``float32 [N, 3]`` positions of ``object_names`` (privileged, for info and datasets)."""
-        data = self.data
-        caps = data.xpos[self._cap_ids]
+        caps = self.xpos[self._cap_ids]
         caps[:, 2] += CAP_HALF
         return np.concatenate(
             [
-                data.qpos[self._block_xyz],
-                data.mocap_pos[self._plate_ids],
-                data.geom_xpos[self.handle_geom][None],
+                self.qpos[self._block_xyz],
+                self.mocap_pos[self._plate_ids],
+                self.geom_xpos[self.handle_geom][None],
                 caps,
             ],
             dtype=np.float32,
@@ -147,14 +157,13 @@ class Scene:
     def environment_state(self) -> np.ndarray:
         """Flat privileged state for state-based baselines (39 values): block poses, plate,
         cabinet and button positions, drawer opening, button presses."""
-        data = self.data
         return np.concatenate(
             [
-                data.qpos[self._block_pose].ravel(),
-                data.mocap_pos[self._static_ids[:3]].ravel(),
-                data.qpos[self.drawer_qpos, None],
-                data.mocap_pos[self._static_ids[3:]].ravel(),
-                data.qpos[self._button_q],
+                self.qpos[self._block_pose].ravel(),
+                self.mocap_pos[self._static_ids[:3]].ravel(),
+                self.qpos[self.drawer_qpos, None],
+                self.mocap_pos[self._static_ids[3:]].ravel(),
+                self.qpos[self._button_q],
             ],
             dtype=np.float32,
         )

@@ -78,7 +78,9 @@ class TabletopEnv(gym.Env):
         self.scene = Scene(self.model, self.data)
         self._renderer = CameraRenderer(self.model, height, width)
         self._blow_up = BlowUpDetector(self.model, self.data, frame_skip)
+        self._ctrl = self.data.ctrl  # a view of MjData's buffer
         self._geom_class = self._classify_geoms()
+        self._robot_geom = self._geom_class == _ROBOT
 
         self.action_space = action_space()
         state_dim = len(self.scene.environment_state())
@@ -118,12 +120,12 @@ class TabletopEnv(gym.Env):
         """Apply one 4-D action for ``frame_skip`` physics steps."""
         action = checked_action(action)
 
-        data = self.data
-        setpoint = data.qpos[self.scene.arm_qpos] + action[:3] * self.action_scale
-        data.ctrl[:3] = np.minimum(np.maximum(setpoint, WORKSPACE_LOW), WORKSPACE_HIGH)
-        data.ctrl[3:5] = FINGER_MAX * (1.0 - action[3]) / 2.0
+        ctrl = self._ctrl
+        setpoint = self.scene.qpos[self.scene.arm] + action[:3] * self.action_scale
+        ctrl[:3] = np.minimum(np.maximum(setpoint, WORKSPACE_LOW), WORKSPACE_HIGH)
+        ctrl[3:5] = FINGER_MAX * (1.0 - float(action[3])) / 2.0
         self._blow_up.before_step()
-        mujoco.mj_step(self.model, data, self.frame_skip)
+        mujoco.mj_step(self.model, self.data, self.frame_skip)
         self._steps += 1
 
         error = self._blow_up.error(self._steps)
@@ -164,9 +166,9 @@ class TabletopEnv(gym.Env):
     # --- internals -----------------------------------------------------------------------------
     def _observation(self) -> dict[str, Any]:
         scene = self.scene
-        obs: dict[str, Any] = {
-            "agent_pos": np.append(scene.ee_pos(), scene.gripper_gap()).astype(np.float32)
-        }
+        agent_pos = np.empty(4, dtype=np.float32)
+        agent_pos[:3], agent_pos[3] = scene.ee_pos(), scene.gripper_gap()
+        obs: dict[str, Any] = {"agent_pos": agent_pos}
         if self.obs_mode != "state":
             images = {c: self._renderer.render(self.data, c) for c in self.cameras}
             obs["pixels"] = images[self.cameras[0]] if len(self.cameras) == 1 else images
@@ -181,7 +183,7 @@ class TabletopEnv(gym.Env):
             "stage": evaluation.stage,
             "stage_name": self.task.stages[evaluation.stage],
             "collisions": collisions,
-            "ee_pos": scene.ee_pos().astype(np.float32),
+            "ee_pos": np.asarray(scene.qpos[scene.arm], dtype=np.float32),
             "gripper_gap": np.float32(scene.gripper_gap()),
             "object_pos": scene.object_positions(),
             "goal_pos": evaluation.goal_pos.astype(np.float32),
@@ -226,7 +228,7 @@ class TabletopEnv(gym.Env):
             data.qpos[adr : adr + 7] = (x, y, 0.02, math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2))
 
         start = rng.uniform((-0.1, -0.26, 0.15), (0.1, -0.18, 0.22))
-        data.qpos[scene.arm_qpos] = start
+        data.qpos[scene.arm] = start
         data.qpos[scene.finger_qpos] = FINGER_MAX
         data.ctrl[:3], data.ctrl[3:5] = start, FINGER_MAX
 
@@ -256,11 +258,11 @@ class TabletopEnv(gym.Env):
         if data.ncon == 0:
             return 0
         pairs = data.contact.geom[: data.ncon]
+        if not self._robot_geom[pairs].any():  # the common case: the robot touches nothing
+            return 0
         classes = self._geom_class[pairs]
         robot = classes == _ROBOT
         involves_robot = robot[:, 0] ^ robot[:, 1]
-        if not involves_robot.any():  # the common case: the robot touches nothing
-            return 0
         other = np.where(robot[:, 0], classes[:, 1], classes[:, 0])
         bad = involves_robot & (other == _OBSTACLE)
         count = len(np.unique(pairs[bad], axis=0)) if bad.any() else 0

@@ -21,6 +21,7 @@ from embodied.sims.scene import (
     BUTTONS,
     PLATES,
     Scene,
+    xy_dist,
 )
 
 Goal = dict[str, str]
@@ -136,9 +137,9 @@ class Push(_BlockToPlate):
 
     def evaluate(self, scene: Scene, goal: Goal) -> Evaluation:
         block, plate = scene.block_pos(goal["block"]), scene.plate_pos(goal["plate"])
-        success = _xy_dist(block, plate) < self.TOLERANCE and scene.resting_on_table(goal["block"])
+        success = xy_dist(block, plate) < self.TOLERANCE and scene.resting_on_table(goal["block"])
         ee = scene.ee_pos()
-        pushing = _xy_dist(ee, block) < 0.05 and ee[2] < 0.05
+        pushing = xy_dist(ee, block) < 0.05 and ee[2] < 0.05
         return Evaluation(int(pushing or success), success, plate)
 
 
@@ -157,9 +158,11 @@ class PickPlace(_BlockToPlate):
         """Where the block's centre rests when the task is done."""
         return scene.plate_pos(goal["plate"]) + np.array([0.0, 0.0, BLOCK_HALF])
 
-    def placed(self, scene: Scene, goal: Goal) -> bool:
+    def placed(self, scene: Scene, goal: Goal, target: np.ndarray | None = None) -> bool:
+        """The block rests at ``target`` (computed from the scene when not given)."""
+        target = self.place_target(scene, goal) if target is None else target
         block = scene.block_pos(goal["block"])
-        return _xy_dist(block, self.place_target(scene, goal)) < self.TOLERANCE and bool(
+        return xy_dist(block, target) < self.TOLERANCE and bool(
             scene.resting_on_table(goal["block"])
         )
 
@@ -169,14 +172,14 @@ class PickPlace(_BlockToPlate):
         block, ee = scene.block_pos(color), scene.ee_pos()
         grasped = scene.grasped(color)
         lifted = block[2] > BLOCK_HALF + self.LIFTED
-        success = self.placed(scene, goal) and not grasped
-        if success or (_xy_dist(block, target) < self.TOLERANCE and (grasped or lifted)):
+        success = self.placed(scene, goal, target) and not grasped
+        if success or (xy_dist(block, target) < self.TOLERANCE and (grasped or lifted)):
             stage = 4
         elif grasped and lifted:
             stage = 3
         elif grasped:
             stage = 2
-        elif _xy_dist(ee, block) < 0.02 and abs(ee[2] - block[2]) < 0.03:
+        elif xy_dist(ee, block) < 0.02 and abs(ee[2] - block[2]) < 0.03:
             stage = 1
         else:
             stage = 0
@@ -202,10 +205,11 @@ class Stack(PickPlace):
     def place_target(self, scene: Scene, goal: Goal) -> np.ndarray:
         return scene.block_pos(goal["base"]) + np.array([0.0, 0.0, 2 * BLOCK_HALF])
 
-    def placed(self, scene: Scene, goal: Goal) -> bool:
-        block, target = scene.block_pos(goal["block"]), self.place_target(scene, goal)
+    def placed(self, scene: Scene, goal: Goal, target: np.ndarray | None = None) -> bool:
+        target = self.place_target(scene, goal) if target is None else target
+        block = scene.block_pos(goal["block"])
         return bool(
-            _xy_dist(block, target) < self.TOLERANCE
+            xy_dist(block, target) < self.TOLERANCE
             and abs(block[2] - target[2]) < 0.008
             and scene.resting_on_table(goal["base"])
         )
@@ -230,7 +234,7 @@ class DrawerOpen(Task):
     def evaluate(self, scene: Scene, goal: Goal) -> Evaluation:
         opening, hook, ee = scene.drawer_opening(), scene.hook_pos(), scene.ee_pos()
         success = opening >= self.OPEN
-        hooked = _xy_dist(ee, hook) < 0.025 and ee[2] < hook[2] + 0.03
+        hooked = xy_dist(ee, hook) < 0.025 and ee[2] < hook[2] + 0.03
         if success or (hooked and opening > 0.02):
             stage = 2
         elif hooked:
@@ -258,15 +262,11 @@ class ButtonPress(Task):
         color = goal["button"]
         cap, ee = scene.cap_top(color), scene.ee_pos()
         success = scene.button_press(color) <= BUTTON_PRESSED
-        on_cap = _xy_dist(ee, cap) < 0.02 and ee[2] < cap[2] + 0.03
+        on_cap = xy_dist(ee, cap) < 0.02 and ee[2] < cap[2] + 0.03
         return Evaluation(int(success or on_cap), success, cap)
 
     def target_bodies(self, goal: Goal) -> tuple[str, ...]:
         return (f"button_{goal['button']}", f"button_{goal['button']}_cap")
-
-
-def _xy_dist(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.hypot(a[0] - b[0], a[1] - b[1]))
 
 
 def _segment_dist(point: np.ndarray, start: np.ndarray, end: np.ndarray) -> float:
