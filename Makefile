@@ -11,25 +11,46 @@ EXTRAS ?= dev,metaworld
 BIN := $(VENV)/bin
 export MUJOCO_GL ?= egl
 
-.PHONY: install demo test lint format bench clean
+# A second environment without the Meta-World extra gets the newest MuJoCo: the suite must run
+# on both (Meta-World pins 3.3.0, and one environment must never switch MuJoCo versions in place).
+LATEST := .venv-mujoco-latest
+
+.PHONY: install demo test test-suite test-mujoco-latest lint format bench clean
+
+# $(call venv,DIR,EXTRAS): create DIR with torch first, pinned by a constraints file, then the package.
+define venv
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -c "import torch" 2>/dev/null || $(1)/bin/python -m pip install "$(TORCH)"
+	# Keep the torch just installed: a dependency asking for torch must not pull another build.
+	$(1)/bin/python -c "import torch; print('torch==' + torch.__version__)" > $(1)/constraints.txt
+	$(1)/bin/python -m pip install -c $(1)/constraints.txt -e ".[$(2)]"
+	touch $(1)/.installed
+endef
 
 $(VENV)/.installed: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install "$(TORCH)"
-	# Keep the torch just installed: a dependency asking for torch must not pull another build.
-	$(BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/constraints.txt
-	$(BIN)/python -m pip install -c $(VENV)/constraints.txt -e ".[$(EXTRAS)]"
-	touch $@
+	$(call venv,$(VENV),$(EXTRAS))
+
+$(LATEST)/.installed: pyproject.toml
+	$(call venv,$(LATEST),dev)
 
 install: $(VENV)/.installed
 
 demo: install
 	$(BIN)/embodied demo configs/demo.yaml
 
-# Lint, then the test suite. pytest's exit code 5 (no tests collected) is a failure here.
-test: install lint
-	$(BIN)/python -m pytest -q; rc=$$?; \
+# pytest, where exit code 5 (no tests collected) is a failure.
+pytest = $(1)/bin/python -m pytest -q $(2); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# Lint, the whole suite (MuJoCo 3.3 + Meta-World), then the simulator tests on the newest MuJoCo.
+test: lint test-suite test-mujoco-latest
+
+test-suite: install
+	$(call pytest,$(VENV),)
+
+test-mujoco-latest: $(LATEST)/.installed
+	$(LATEST)/bin/python -c "import mujoco; print('newest-MuJoCo check on mujoco', mujoco.__version__)"
+	$(call pytest,$(LATEST),tests/test_tabletop.py tests/test_cli.py tests/test_trajectory.py)
 
 lint: install
 	$(BIN)/ruff check .
@@ -43,4 +64,4 @@ bench: install
 	$(BIN)/embodied bench sim
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LATEST) build *.egg-info
