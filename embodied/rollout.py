@@ -13,6 +13,17 @@ from embodied.trajectory import Trajectory, TrajectoryBuilder
 ActFn = Callable[[dict[str, Any]], np.ndarray]
 
 
+def numeric_info(info: dict[str, Any]) -> dict[str, Any]:
+    """The numeric/bool entries of an env ``info`` as JSON-able values (lists for arrays)."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if isinstance(value, bool | int | float | np.number | np.bool_ | np.ndarray):
+            array = np.asarray(value)
+            if array.dtype.kind in "biuf":
+                out[key] = array.tolist()
+    return out
+
+
 def rollout_episode(
     env: gym.Env,
     act: ActFn,
@@ -24,7 +35,9 @@ def rollout_episode(
     """Run ``act(obs) -> action`` from ``env.reset(seed=seed)`` until the episode ends.
 
     Per-step numeric ``info`` entries (stage, collisions, poses, success) become the trajectory's
-    privileged ``info``; an ``info["error"]`` (physics blow-up) is kept in ``metadata``.
+    privileged ``info``; the numeric entries of the reset ``info`` (describing the first
+    observation) go to ``metadata["reset_info"]`` as lists, and an ``info["error"]`` (physics
+    blow-up) to ``metadata["error"]``.
     """
     obs, info = env.reset(seed=seed, options=reset_options)
     builder = TrajectoryBuilder(
@@ -33,6 +46,7 @@ def rollout_episode(
         task=str(info.get("task", "")),
         suite=suite,
         seed=seed,
+        metadata={"reset_info": numeric_info(info)},
     )
     limit = max_steps if max_steps is not None else np.inf
     while builder.num_steps < limit:

@@ -262,6 +262,7 @@ class MetaWorldEnv(gym.Env):
             "success": success,
             "stage": 0,
             "stage_name": self.stages[0],
+            "progress": np.float32(success),  # Meta-World has no stages: done or not
             "instruction": self.instruction,
             "task": self.task,
             "ee_pos": self._raw[:3].astype(np.float32),
