@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -58,3 +58,93 @@ def rollout_episode(
         if terminated or truncated:
             break
     return builder.build()
+
+
+def _take(tree: Any, i: int) -> Any:
+    """Row ``i`` of a batched observation (arrays or one level of dicts of arrays)."""
+    if isinstance(tree, dict):
+        return {k: _take(v, i) for k, v in tree.items()}
+    return tree[i]
+
+
+def _env_info(infos: dict[str, Any], i: int) -> dict[str, Any]:
+    """The info dict of sub-env ``i`` from a vector env's batched infos (masked entries dropped)."""
+    out = {}
+    for key, value in infos.items():
+        if key.startswith("_"):
+            continue
+        mask = infos.get(f"_{key}")
+        if mask is None or mask[i]:
+            out[key] = _env_info(value, i) if isinstance(value, dict) else value[i]
+    return out
+
+
+def rollout_vector(
+    vec: gym.vector.VectorEnv,
+    act: Callable[[dict[str, Any]], np.ndarray],
+    seeds: Sequence[int],
+    suite: str = "",
+    step_limits: Sequence[int | None] | None = None,
+) -> Iterator[Trajectory]:
+    """Run one episode per seed on a vector env, yielding each ``Trajectory`` as it finishes.
+
+    ``vec`` must be built with ``autoreset_mode="disabled"`` (e.g. ``make_vec_env(...,
+    autoreset_mode="disabled")``): a finished sub-env is reset to the next pending seed at once,
+    so every worker stays busy; sub-envs left without an episode at the end keep stepping (reset
+    without a seed whenever they finish) but are ignored.
+    ``act(batched_obs) -> [num_envs, A]`` gets the whole batch. ``step_limits[e]`` cuts episode
+    ``e`` off after that many steps (marked truncated): deliberate failure data.
+    """
+    n = vec.num_envs
+    pending = list(range(len(seeds)))
+    episode_of: list[int | None] = [None] * n
+    builders: list[TrajectoryBuilder | None] = [None] * n
+    obs: Any = None
+
+    def start(envs: list[int]) -> Any:
+        """Reset ``envs`` to the next pending seeds; return the batched observation."""
+        mask = np.zeros(n, dtype=bool)
+        mask[envs] = True  # idle envs are reset too: a finished env must not be stepped
+        reset_seeds: list[int | None] = [None] * n
+        for i in envs:
+            episode_of[i] = pending.pop(0) if pending else None
+            builders[i] = None
+            if episode_of[i] is not None:
+                reset_seeds[i] = int(seeds[episode_of[i]])
+        new_obs, infos = vec.reset(seed=reset_seeds, options={"reset_mask": mask})
+        for i in envs:
+            if episode_of[i] is None:
+                continue
+            info = _env_info(infos, i)
+            builders[i] = TrajectoryBuilder(
+                _take(new_obs, i),
+                instruction=str(info.get("instruction", "")),
+                task=str(info.get("task", "")),
+                suite=suite,
+                seed=reset_seeds[i],
+                metadata={"reset_info": numeric_info(info)},
+            )
+        return new_obs
+
+    obs = start(list(range(n)))
+    while any(b is not None for b in builders):
+        actions = np.asarray(act(obs), dtype=np.float32)
+        obs, rewards, terminated, truncated, infos = vec.step(actions)
+        finished = []
+        for i, builder in enumerate(builders):
+            if builder is None:  # idle: keep it resettable, ignore what it does
+                if terminated[i] or truncated[i]:
+                    finished.append(i)
+                continue
+            info = _env_info(infos, i)
+            limit = None if step_limits is None else step_limits[episode_of[i]]
+            cut = limit is not None and builder.num_steps + 1 >= limit
+            done_t, done_tr = bool(terminated[i]), bool(truncated[i]) or cut
+            builder.add_step(actions[i], _take(obs, i), float(rewards[i]), done_t, done_tr, info)
+            if "error" in info:
+                builder.metadata["error"] = str(info["error"])
+            if done_t or done_tr:
+                yield builder.build()
+                finished.append(i)
+        if finished:
+            obs = start(finished)

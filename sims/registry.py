@@ -99,10 +99,15 @@ class ScriptedExpert:
 
     def add_noise(self, actions: np.ndarray) -> np.ndarray:
         """Add this expert's Gaussian noise to actions of any batch shape and clip to [-1, 1]."""
-        actions = np.asarray(actions, dtype=np.float32)
-        if self.noise > 0:
-            actions = actions + self.rng.normal(0.0, self.noise, size=actions.shape)
-        return np.clip(actions, -1.0, 1.0).astype(np.float32)
+        return add_action_noise(actions, self.noise, self.rng)
+
+
+def add_action_noise(actions: np.ndarray, noise: float, rng: np.random.Generator) -> np.ndarray:
+    """Gaussian action noise (std ``noise``) from ``rng``, clipped to the [-1, 1] action box."""
+    actions = np.asarray(actions, dtype=np.float32)
+    if noise > 0:
+        actions = actions + rng.normal(0.0, noise, size=actions.shape)
+    return np.clip(actions, -1.0, 1.0).astype(np.float32)
 
 
 def make_expert(
