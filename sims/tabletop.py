@@ -111,6 +111,7 @@ class TabletopEnv(gym.Env):
                 break
         self.instruction = self.task.instruction(self.goal, rng)
         self._mark_targets()
+        self.task.on_reset(self.scene, self.goal)
         mujoco.mj_forward(self.model, self.data)
         self._steps = 0
         evaluation = self.task.evaluate(self.scene, self.goal)

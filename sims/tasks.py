@@ -61,6 +61,9 @@ class Task(abc.ABC):
         """Whether a freshly sampled layout leaves the task feasible (the env resamples if not)."""
         return True
 
+    def on_reset(self, scene: Scene, goal: Goal) -> None:  # noqa: B027 (optional hook)
+        """Record what stage predicates need from the episode's initial state (default: none)."""
+
     @abc.abstractmethod
     def evaluate(self, scene: Scene, goal: Goal) -> Evaluation:
         """Stage index, success, and the privileged goal position for the current state."""
@@ -135,12 +138,18 @@ class Push(_BlockToPlate):
         others = [c for c in BLOCKS if c != goal["block"]]
         return all(_segment_dist(scene.block_pos(c)[:2], start, plate) >= 0.07 for c in others)
 
+    MOVED = 0.01  # the block has been pushed once it is this far from where it started
+
+    def on_reset(self, scene: Scene, goal: Goal) -> None:
+        self._start = {color: scene.block_pos(color) for color in BLOCKS}
+
     def evaluate(self, scene: Scene, goal: Goal) -> Evaluation:
+        # "push" starts when the block has moved, not when the hand is near it: the pusher
+        # backs off to realign mid-push, and a hand-based stage would flicker back to approach.
         block, plate = scene.block_pos(goal["block"]), scene.plate_pos(goal["plate"])
         success = xy_dist(block, plate) < self.TOLERANCE and scene.resting_on_table(goal["block"])
-        ee = scene.ee_pos()
-        pushing = xy_dist(ee, block) < 0.05 and ee[2] < 0.05
-        return Evaluation(int(pushing or success), success, plate)
+        pushed = xy_dist(block, self._start[goal["block"]]) > self.MOVED
+        return Evaluation(int(pushed or success), success, plate)
 
 
 class PickPlace(_BlockToPlate):
