@@ -1,1 +1,19 @@
 """Datasets: LeRobot v3 trajectory datasets and PyTorch views of them. Imports only the core."""
+
+from embodied.datasets.lerobot import (
+    CODEBASE_VERSION,
+    DatasetError,
+    LeRobotDataset,
+    LeRobotDatasetWriter,
+    dataset_summary,
+    validate_dataset,
+)
+
+__all__ = [
+    "CODEBASE_VERSION",
+    "DatasetError",
+    "LeRobotDataset",
+    "LeRobotDatasetWriter",
+    "dataset_summary",
+    "validate_dataset",
+]

@@ -164,21 +164,76 @@ def _metaworld_available() -> bool:
     return importlib.util.find_spec("metaworld") is not None
 
 
-def format_table(rows: list[BenchRow]) -> str:
-    """Fixed-width text table of bench rows."""
-    header = ("suite", "task", "mode", "steps/s", "baseline", "baseline steps/s", "ratio")
-    lines = [
-        (
-            r.suite,
-            r.task,
-            r.mode,
-            f"{r.steps_per_s:,.0f}",
-            r.baseline,
-            f"{r.baseline_steps_per_s:,.0f}",
-            f"{r.ratio:.2f}x",
+@dataclass
+class CollectRow:
+    """Collection throughput with images for one worker count, against one worker."""
+
+    task: str
+    workers: int
+    image_size: int
+    episodes_per_min: float
+    frames_per_s: float
+    baseline: str
+    speedup: float  # baseline time / this time (2.0 = twice as fast)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON output."""
+        return asdict(self)
+
+
+def bench_collect(
+    task: str = "PickPlace",
+    workers: tuple[int, ...] = (1, 2),
+    episodes: int = 8,
+    image_size: int = 96,
+    repeats: int = 3,
+    progress: Any = None,
+) -> list[CollectRow]:
+    """Episodes/min and frames/s of ``embodied collect`` (expert, images, written to a LeRobot
+    dataset) per worker count; median of ``repeats`` runs, each into a fresh temporary dir."""
+    import tempfile
+
+    from embodied.collect import CollectConfig, run_collect
+
+    rates: dict[int, tuple[float, float]] = {}
+    for count in workers:
+        if progress is not None:
+            progress(f"collect {task} with {count} worker(s)")
+        runs = []
+        for r in range(repeats):
+            with tempfile.TemporaryDirectory() as tmp:
+                cfg = CollectConfig(
+                    task=task,
+                    episodes=episodes,
+                    out=f"{tmp}/data",
+                    workers=count,
+                    image_size=image_size,
+                    seed=1000 * r,
+                )
+                summary = run_collect(cfg)
+            runs.append((summary.episodes / summary.seconds * 60, summary.frames / summary.seconds))
+        rates[count] = (
+            statistics.median(e for e, _ in runs),
+            statistics.median(f for _, f in runs),
         )
-        for r in rows
+    base = rates[workers[0]][0]
+    return [
+        CollectRow(task, n, image_size, e, f, f"{workers[0]} worker(s)", e / base)
+        for n, (e, f) in rates.items()
     ]
+
+
+def format_table(rows: list[Any]) -> str:
+    """Fixed-width text table of bench rows (dataclasses with ``as_dict``)."""
+    dicts = [r.as_dict() for r in rows]
+    header = tuple(dicts[0]) if dicts else ()
+
+    def show(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
+        return str(value)
+
+    lines = [tuple(show(d[k]) for k in header) for d in dicts]
     widths = [max(len(str(c)) for c in col) for col in zip(header, *lines, strict=True)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]

@@ -22,6 +22,65 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_collect(args: argparse.Namespace) -> int:
+    from embodied.collect import CollectConfig, run_collect
+    from embodied.config import load_config
+
+    flags = {
+        "task": args.task,
+        "policy": args.policy,
+        "episodes": args.episodes,
+        "out": args.out,
+        "noise": args.noise,
+        "seed": args.seed,
+        "workers": args.workers,
+        "cutoff": args.cutoff,
+        "rewind": args.rewind,
+    }
+    given = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    cfg = load_config(CollectConfig, args.config, [*given, *args.overrides])
+    print(run_collect(cfg).line())
+    return 0
+
+
+def _cmd_label(args: argparse.Namespace) -> int:
+    from embodied.label import run_label
+
+    print(run_label(args.dataset, method=args.method, camera=args.camera).line())
+    return 0
+
+
+def _cmd_dataset_info(args: argparse.Namespace) -> int:
+    from embodied.datasets import dataset_summary
+
+    summary = dataset_summary(args.dataset)
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+        return 0
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            print(f"{key}:")
+            for name, spec in value.items():
+                print(f"  {name}: {spec}")
+        else:
+            print(f"{key}: {value}")
+    return 0
+
+
+def _cmd_dataset_validate(args: argparse.Namespace) -> int:
+    from embodied.datasets import DatasetError, validate_dataset
+
+    try:
+        warnings = validate_dataset(args.dataset)
+    except DatasetError as error:
+        print(f"invalid dataset {args.dataset}: {error}", file=sys.stderr)
+        return 1
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"{args.dataset}: valid LeRobot v3.0 dataset")
+    return 0
+
+
 def _cmd_tasks(args: argparse.Namespace) -> int:
     import embodied.sims as sims
 
@@ -51,6 +110,27 @@ def _cmd_bench_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_collect(args: argparse.Namespace) -> int:
+    from embodied.bench import bench_collect, format_table
+
+    def note(what: str) -> None:
+        print(f"benchmarking {what} ...", file=sys.stderr, flush=True)
+
+    rows = bench_collect(
+        task=args.task,
+        workers=tuple(args.workers),
+        episodes=args.episodes,
+        image_size=args.image_size,
+        repeats=args.repeats,
+        progress=None if args.json else note,
+    )
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+    else:
+        print(format_table(rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = argparse.ArgumentParser(
@@ -66,6 +146,36 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default=None, help="root directory for the run (default: runs)")
     demo.set_defaults(func=_cmd_demo)
 
+    collect = sub.add_parser("collect", help="record rollouts into a LeRobot v3 dataset")
+    collect.add_argument("config", nargs="?", default=None, help="YAML config (CollectConfig)")
+    collect.add_argument("overrides", nargs="*", help="dotted overrides, e.g. image_size=128")
+    collect.add_argument("--task", help="tabletop task or metaworld/<name>")
+    collect.add_argument("--policy", choices=["expert", "random"], help="who acts")
+    collect.add_argument("--episodes", type=int, help="number of episodes (seeds seed..)")
+    collect.add_argument("--out", help="dataset directory (appended to if it exists)")
+    collect.add_argument("--noise", type=float, help="Gaussian action noise std")
+    collect.add_argument("--seed", type=int, help="first seed")
+    collect.add_argument("--workers", type=int, help="parallel env workers")
+    collect.add_argument("--cutoff", type=float, help="fraction of episodes cut off early")
+    collect.add_argument("--rewind", type=float, help="fraction of successes also stored rewound")
+    collect.set_defaults(func=_cmd_collect)
+
+    label = sub.add_parser("label", help="write progress labels into a dataset")
+    label.add_argument("dataset", help="LeRobot v3 dataset directory")
+    label.add_argument("--method", choices=["procedure", "time"], default="procedure")
+    label.add_argument("--camera", default=None, help="camera whose frames measure change")
+    label.set_defaults(func=_cmd_label)
+
+    dataset = sub.add_parser("dataset", help="inspect and check LeRobot v3 datasets")
+    dataset_sub = dataset.add_subparsers(dest="target", metavar="ACTION", required=True)
+    info = dataset_sub.add_parser("info", help="episodes, frames, tasks, features, success rate")
+    info.add_argument("dataset")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.set_defaults(func=_cmd_dataset_info)
+    validate = dataset_sub.add_parser("validate", help="check the layout; exit 1 on a problem")
+    validate.add_argument("dataset")
+    validate.set_defaults(func=_cmd_dataset_validate)
+
     tasks = sub.add_parser("tasks", help="list the tasks of a suite")
     tasks.add_argument("--suite", default="tabletop", choices=["tabletop", "metaworld"])
     tasks.set_defaults(func=_cmd_tasks)
@@ -80,6 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
     sim.add_argument("--no-metaworld", action="store_true", help="skip Meta-World rows")
     sim.set_defaults(func=_cmd_bench_sim)
+    coll = bench_sub.add_parser("collect", help="collection episodes/min and frames/s per worker")
+    coll.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    coll.add_argument("--task", default="PickPlace")
+    coll.add_argument("--workers", nargs="+", type=int, default=[1, 2])
+    coll.add_argument("--episodes", type=int, default=8, help="episodes per timed run")
+    coll.add_argument("--image-size", type=int, default=96)
+    coll.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
+    coll.set_defaults(func=_cmd_bench_collect)
     return parser
 
 
@@ -87,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``embodied`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "demo" and args.config and "=" in args.config:
+    if args.command in ("demo", "collect") and args.config and "=" in args.config:
         args.overrides, args.config = [args.config, *args.overrides], None
     try:
         return args.func(args)

@@ -52,7 +52,8 @@ def rollout_episode(
     while builder.num_steps < limit:
         action = np.asarray(act(obs), dtype=np.float32)
         obs, reward, terminated, truncated, info = env.step(action)
-        builder.add_step(action, obs, float(reward), bool(terminated), bool(truncated), info)
+        truncated = bool(truncated) or builder.num_steps + 1 >= limit  # cut off: truncated
+        builder.add_step(action, obs, float(reward), bool(terminated), truncated, info)
         if "error" in info:
             builder.metadata["error"] = str(info["error"])
         if terminated or truncated:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -39,3 +41,72 @@ def test_step_limits_cut_episodes_off_as_failures() -> None:
         assert by_seed[seed].truncated[-1] and not by_seed[seed].success
     assert by_seed[1].success and by_seed[1].terminated[-1]
     assert by_seed[1].metadata["reset_info"]["stage"] == 0
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory: pytest.TempPathFactory):
+    """A small PickPlace dataset with deliberate failures, collected and labelled by the CLI."""
+    from embodied.cli import main
+
+    root = tmp_path_factory.mktemp("collect") / "data"
+    args = ["collect", "--task", "PickPlace", "--episodes", "6", "--out", str(root)]
+    args += ["--cutoff", "0.34", "--rewind", "1.0", "--seed", "3", "image_size=48"]
+    assert main(args) == 0
+    assert main(["label", str(root)]) == 0
+    return root
+
+
+def test_collect_writes_a_valid_dataset_with_failures(collected, capsys) -> None:
+    from embodied.cli import main
+    from embodied.datasets import LeRobotDataset
+
+    assert main(["dataset", "validate", str(collected)]) == 0
+    assert "valid LeRobot v3.0 dataset" in capsys.readouterr().out
+    dataset = LeRobotDataset(collected)
+    table = dataset.episodes_table()
+    rewound = [r for r in table if '"synthetic": "rewind"' in r["metadata"]]
+    cut = [r for r in table if not r["success"] and '"synthetic"' not in r["metadata"]]
+    assert len(rewound) >= 1 and len(cut) >= 1  # both kinds of failure were recorded
+    assert all(not r["success"] for r in rewound)
+    for row in rewound:
+        stages = dataset.episode_frames(row["episode_index"], keys=["stage"])["stage"]
+        assert np.diff(stages).min() < 0  # its true stage sequence goes back down
+    assert sorted({r["seed"] for r in table}) == list(range(3, 9))
+
+    assert main(["dataset", "info", str(collected), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["episodes"] == len(table)
+    assert info["success_rate"] == pytest.approx(np.mean([r["success"] for r in table]))
+    assert "progress.label" in info["features"]
+
+
+def test_labels_end_at_one_on_successes_and_below_on_failures(collected) -> None:
+    from embodied.datasets import LeRobotDataset
+
+    dataset = LeRobotDataset(collected)
+    for row in dataset.episodes_table():
+        label = dataset.episode_frames(row["episode_index"], keys=["progress.label"])
+        final = label["progress.label"][-1]
+        assert final == 1.0 if row["success"] else final < 1.0
+
+
+def test_collect_appends_and_rejects_bad_input(collected, tmp_path, capsys) -> None:
+    from embodied.cli import main
+
+    assert main(["collect", "--task", "Fly", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown task 'Fly'" in capsys.readouterr().err
+    assert main(["collect", "--task", "Reach", "--cutoff", "2", "--out", str(tmp_path)]) == 2
+    assert "cutoff must be a fraction in [0, 1], got 2.0" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_validate_fails_with_exit_code_1_naming_the_problem(collected, tmp_path, capsys) -> None:
+    import shutil
+
+    from embodied.cli import main
+
+    broken = tmp_path / "broken"
+    shutil.copytree(collected, broken)
+    (broken / "data" / "chunk-000" / "file-000.parquet").unlink()
+    assert main(["dataset", "validate", str(broken)]) == 1
+    assert "file-000.parquet" in capsys.readouterr().err

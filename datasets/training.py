@@ -1,0 +1,206 @@
+"""PyTorch datasets over a LeRobot v3 dataset: behaviour cloning, reward models, preferences.
+
+Each wraps a ``LeRobotDataset`` and decodes an episode once (then caches it), so an epoch over
+windows of the same episode does not decode its video again.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from embodied.datasets.lerobot import LeRobotDataset
+from embodied.trajectory import Trajectory, TrajectoryBatch
+
+
+def _is_observation(key: str) -> bool:
+    return key.startswith("observation.")
+
+
+class _EpisodeCache:
+    """Per-frame columns of episodes, decoded on first use and kept (``cache_size`` episodes)."""
+
+    def __init__(self, dataset: LeRobotDataset, cache_size: int) -> None:
+        self.dataset = dataset
+        self.frames = functools.lru_cache(maxsize=cache_size)(dataset.episode_frames)
+
+    def instruction(self, frames: dict[str, np.ndarray]) -> str:
+        return self.dataset.tasks[int(frames["task_index"][0])]
+
+
+class BCDataset(Dataset):
+    """Diffusion Policy's training windows: ``n_obs_steps`` observations, ``horizon`` actions.
+
+    The window for step ``t`` holds observations ``t-n_obs_steps+1 .. t`` and actions
+    ``t-n_obs_steps+1 .. t-n_obs_steps+horizon``; indices before the episode start repeat the
+    first frame, indices past the last real action repeat it, and ``action_is_pad`` marks both
+    (as LeRobot does), so a loss can mask them. Items are dicts of tensors plus the instruction.
+    """
+
+    def __init__(
+        self,
+        dataset: LeRobotDataset,
+        n_obs_steps: int = 2,
+        horizon: int = 16,
+        episodes: Sequence[int] | None = None,
+        cache_size: int = 64,
+    ) -> None:
+        if n_obs_steps < 1 or horizon < n_obs_steps:
+            raise ValueError(
+                f"need 1 <= n_obs_steps <= horizon, got n_obs_steps={n_obs_steps}, "
+                f"horizon={horizon}"
+            )
+        self.n_obs_steps, self.horizon = n_obs_steps, horizon
+        self.cache = _EpisodeCache(dataset, cache_size)
+        self.episodes = list(range(dataset.num_episodes)) if episodes is None else list(episodes)
+        lengths = dataset.episode_lengths()
+        # One sample per real action step t (frames 0..T-1; frame T holds the final observation).
+        self.index = [(e, t) for e in self.episodes for t in range(lengths[e])]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        episode, t = self.index[i]
+        frames = self.cache.frames(episode)
+        steps = len(frames["action"]) - 1  # T real actions; the last frame's action is padding
+        start = t - self.n_obs_steps + 1
+        obs_idx = np.clip(np.arange(start, t + 1), 0, steps)
+        act_idx = np.arange(start, start + self.horizon)
+        is_pad = (act_idx < 0) | (act_idx >= steps)
+        act_idx = np.clip(act_idx, 0, steps - 1)
+        item: dict[str, Any] = {
+            key: torch.from_numpy(np.ascontiguousarray(value[obs_idx]))
+            for key, value in frames.items()
+            if _is_observation(key)
+        }
+        item["action"] = torch.from_numpy(np.ascontiguousarray(frames["action"][act_idx]))
+        item["action_is_pad"] = torch.from_numpy(is_pad)
+        item["instruction"] = self.cache.instruction(frames)
+        item["episode_index"], item["frame_index"] = episode, t
+        return item
+
+
+class RewardDataset(Dataset):
+    """Clips for progress reward models: frames up to a point, their progress labels, success.
+
+    Each episode gives ``clips_per_episode`` prefix clips ending at evenly spaced frames (the last
+    one at the final frame); each clip holds ``clip_len`` frames evenly spaced from the start to
+    its end, so a model sees the history up to "now" and learns the progress of every frame.
+    """
+
+    def __init__(
+        self,
+        dataset: LeRobotDataset,
+        clip_len: int = 8,
+        clips_per_episode: int = 4,
+        label_key: str = "progress.label",
+        image_key: str | None = None,
+        episodes: Sequence[int] | None = None,
+        cache_size: int = 64,
+    ) -> None:
+        if label_key not in dataset.features:
+            raise ValueError(
+                f"dataset has no {label_key!r} feature; run `embodied label` first "
+                f"(features: {', '.join(dataset.features)})"
+            )
+        images = [k for k, f in dataset.features.items() if f.get("dtype") == "video"]
+        if image_key is None and images:
+            image_key = images[0]
+        if image_key not in images:
+            raise ValueError(f"image_key must be one of {images}, got {image_key!r}")
+        self.clip_len, self.label_key, self.image_key = clip_len, label_key, image_key
+        self.cache = _EpisodeCache(dataset, cache_size)
+        self.episodes = list(range(dataset.num_episodes)) if episodes is None else list(episodes)
+        lengths = dataset.episode_lengths()
+        self.index = []
+        for e in self.episodes:
+            last = lengths[e]  # frames 0..T
+            ends = np.linspace(0, last, clips_per_episode + 1)[1:].round().astype(int)
+            self.index += [(e, int(end)) for end in ends]
+        self.success = dataset.episode_success()
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        episode, end = self.index[i]
+        frames = self.cache.frames(episode)
+        idx = np.linspace(0, end, self.clip_len).round().astype(int)
+        return {
+            "frames": torch.from_numpy(np.ascontiguousarray(frames[self.image_key][idx])),
+            "progress": torch.from_numpy(frames[self.label_key][idx].astype(np.float32)),
+            "frame_index": torch.from_numpy(idx),
+            "success": bool(self.success[episode]),
+            "instruction": self.cache.instruction(frames),
+            "episode_index": episode,
+        }
+
+
+class PreferenceDataset(Dataset):
+    """Pairs of episodes from the same initial state (seed) and instruction, preferred first.
+
+    An episode is preferred when it succeeded and the other did not; between two equal outcomes,
+    the one with higher final progress (``score_key``, default the privileged progress), then the
+    shorter one. Pairs with identical scores carry no preference and are left out.
+    """
+
+    def __init__(self, dataset: LeRobotDataset, score_key: str = "progress.privileged") -> None:
+        self.dataset = dataset
+        table = dataset.episodes_table()
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for row in table:
+            if row["seed"] < 0:
+                continue  # no initial state to share
+            key = (row["seed"], tuple(row["tasks"]), row["task_name"])
+            groups.setdefault(key, []).append(int(row["episode_index"]))
+        if score_key not in dataset.features:
+            raise ValueError(
+                f"dataset has no {score_key!r} feature to rank episodes by; "
+                f"features: {', '.join(dataset.features)}"
+            )
+        scores = {}
+        for members in groups.values():
+            if len(members) < 2:
+                continue  # nothing to compare with
+            for e in members:
+                final = float(dataset.episode_frames(e, keys=[score_key])[score_key][-1])
+                row = table[e]
+                scores[e] = (bool(row["success"]), final, -int(row["length"]))
+        self.pairs: list[tuple[int, int]] = []
+        for members in groups.values():
+            for a in members:
+                for b in members:
+                    if a < b and scores[a] != scores[b]:
+                        self.pairs.append((a, b) if scores[a] > scores[b] else (b, a))
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> dict[str, Trajectory]:
+        chosen, rejected = self.pairs[i]
+        return {"chosen": self.dataset.episode(chosen), "rejected": self.dataset.episode(rejected)}
+
+
+def collate_preferences(items: list[dict[str, Trajectory]]) -> dict[str, TrajectoryBatch]:
+    """DataLoader collate for ``PreferenceDataset``: padded batches of chosen and rejected."""
+    return {
+        side: TrajectoryBatch.from_trajectories([item[side] for item in items])
+        for side in ("chosen", "rejected")
+    }
+
+
+def normalization_stats(
+    dataset: LeRobotDataset, keys: Sequence[str] = ("observation.state", "action")
+) -> dict[str, dict[str, np.ndarray]]:
+    """Per-feature statistics from ``meta/stats.json`` (mean, std, min, max, quantiles) that
+    policies use to normalise inputs and actions."""
+    missing = [k for k in keys if k not in dataset.stats]
+    if missing:
+        raise ValueError(f"no statistics for {missing}; available: {', '.join(dataset.stats)}")
+    return {k: {s: np.asarray(v) for s, v in dataset.stats[k].items()} for k in keys}

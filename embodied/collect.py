@@ -1,0 +1,145 @@
+"""``embodied collect``: vectorized rollouts written to a LeRobot v3 dataset, failures included.
+
+Besides clean expert demonstrations, reward models need failures on purpose: noisy experts
+(``noise``), experts cut off early (``cutoff``: that fraction of episodes is stopped after 30-70%
+of the expert's usual length), and ReWiND-style rewound copies of successful episodes
+(``rewind``: played forward, then backward), all labelled as failures with their true stages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embodied.run import progress
+
+POLICIES = ("expert", "random")
+
+
+@dataclass
+class CollectConfig:
+    """What ``embodied collect`` records; every field can be overridden as ``key=value``."""
+
+    task: str = "PickPlace"
+    policy: str = "expert"
+    episodes: int = 10
+    out: str = "data/collect"
+    noise: float = 0.0
+    seed: int = 0
+    workers: int = 1
+    image_size: int = 96
+    cameras: list[str] = field(default_factory=lambda: ["front"])
+    obs_mode: str = "pixels_state"
+    cutoff: float = 0.0
+    rewind: float = 0.0
+    lossless: bool = False
+    fps: int = 16
+
+
+@dataclass
+class CollectSummary:
+    """What a collection run produced, for the summary line and the closing report."""
+
+    episodes: int
+    successes: int
+    frames: int
+    seconds: float
+    rewound: int
+    out: Path
+
+    def line(self) -> str:
+        """One line: success rate and throughput."""
+        rate = self.successes / max(self.episodes, 1)
+        return (
+            f"collected {self.episodes} episodes ({self.successes} successful, {rate:.0%}), "
+            f"{self.rewound} rewound copies, {self.frames} frames in {self.seconds:.1f} s: "
+            f"{self.episodes / self.seconds * 60:.1f} episodes/min, "
+            f"{self.frames / self.seconds:.0f} frames/s -> {self.out}"
+        )
+
+
+def check_config(cfg: CollectConfig) -> None:
+    """Reject bad settings before any env is built, naming the setting."""
+    import embodied.sims as sims
+
+    if cfg.policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {cfg.policy!r}")
+    if not cfg.task.startswith("metaworld/") and cfg.task not in sims.list_tasks():
+        raise ValueError(f"unknown task {cfg.task!r}; available: {', '.join(sims.list_tasks())}")
+    for name in ("episodes", "workers", "image_size", "fps"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    for name in ("cutoff", "rewind"):
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            raise ValueError(f"{name} must be a fraction in [0, 1], got {getattr(cfg, name)}")
+    if cfg.noise < 0:
+        raise ValueError(f"noise must be >= 0, got {cfg.noise}")
+
+
+def run_collect(cfg: CollectConfig) -> CollectSummary:
+    """Collect ``cfg.episodes`` episodes (seeds ``seed..seed+episodes-1``) into ``cfg.out``."""
+    import embodied.sims as sims
+    from embodied.datasets import LeRobotDatasetWriter
+    from embodied.rewards.labels import rewind
+    from embodied.rollout import rollout_vector
+
+    check_config(cfg)
+    rng = np.random.default_rng(cfg.seed)
+    env_kwargs = {"obs_mode": cfg.obs_mode, "image_size": cfg.image_size, "cameras": cfg.cameras}
+    if cfg.task.startswith("metaworld/"):
+        env_kwargs.pop("cameras")  # Meta-World has its own camera names and default
+    vec = sims.make_vec_env(
+        cfg.task, cfg.workers, asynchronous=cfg.workers > 1, autoreset_mode="disabled", **env_kwargs
+    )
+    out = Path(cfg.out)
+    writer = (
+        LeRobotDatasetWriter.open(out)
+        if (out / "meta" / "info.json").exists()
+        else LeRobotDatasetWriter(out, fps=cfg.fps, lossless=cfg.lossless)
+    )
+    seeds = [cfg.seed + e for e in range(cfg.episodes)]
+    limit = vec.spec.max_episode_steps if vec.spec is not None else None
+    step_limits = [
+        int(rng.uniform(0.3, 0.7) * (limit or 150)) if rng.random() < cfg.cutoff else None
+        for _ in seeds
+    ]
+    act = _policy(cfg, vec, rng)
+    successes = frames = rewound = 0
+    start = time.perf_counter()
+    bar = progress(total=cfg.episodes, desc=f"collect {cfg.task}")
+    try:
+        with writer:
+            suite = "metaworld" if cfg.task.startswith("metaworld/") else "tabletop"
+            for traj in rollout_vector(vec, act, seeds, suite, step_limits):
+                writer.add_episode(traj)
+                successes += traj.success
+                frames += traj.length + 1
+                if traj.success and traj.length > 3 and rng.random() < cfg.rewind:
+                    split = int(rng.integers(traj.length // 3, traj.length + 1))
+                    copy = rewind(traj, split)
+                    writer.add_episode(copy)
+                    frames += copy.length + 1
+                    rewound += 1
+                bar.update(1)
+    finally:
+        bar.close()
+        vec.close()
+    return CollectSummary(
+        cfg.episodes, successes, frames, time.perf_counter() - start, rewound, out
+    )
+
+
+def _policy(cfg: CollectConfig, vec: Any, rng: np.random.Generator) -> Callable[[Any], np.ndarray]:
+    """Batched actions for every sub-env: the scripted experts (run inside the workers, with
+    Gaussian noise added here) or uniform random actions."""
+    from embodied.sims.registry import add_action_noise
+
+    shape = (vec.num_envs, *vec.single_action_space.shape)
+    if cfg.policy == "random":
+        return lambda obs: rng.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+    return lambda obs: add_action_noise(np.stack(vec.call("scripted_action")), cfg.noise, rng)

@@ -1,0 +1,100 @@
+"""PyTorch views of a LeRobot dataset: BC windows, reward clips, preference pairs, stats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from embodied.collect import CollectConfig, run_collect
+from embodied.datasets import LeRobotDataset
+from embodied.datasets.training import (
+    BCDataset,
+    PreferenceDataset,
+    RewardDataset,
+    collate_preferences,
+    normalization_stats,
+)
+from embodied.label import run_label
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> LeRobotDataset:
+    root = tmp_path_factory.mktemp("training") / "data"
+    cfg = CollectConfig(task="ButtonPress", episodes=3, out=str(root), image_size=32, rewind=1.0)
+    run_collect(cfg)
+    run_label(root)
+    return LeRobotDataset(root)
+
+
+def test_bc_windows_pad_at_episode_edges(dataset: LeRobotDataset) -> None:
+    bc = BCDataset(dataset, n_obs_steps=2, horizon=8)
+    lengths = dataset.episode_lengths()
+    assert len(bc) == sum(lengths)
+    frames = dataset.episode_frames(0)
+    steps = lengths[0]
+
+    first = bc[0]  # t = 0: the observation before the start repeats frame 0
+    assert first["observation.state"].shape == (2, 4)
+    assert torch.equal(first["observation.state"][0], first["observation.state"][1])
+    assert first["observation.image"].shape == (2, 32, 32, 3)
+    assert first["action_is_pad"].tolist() == [True] + [False] * 7
+    np.testing.assert_array_equal(first["action"][1:].numpy(), frames["action"][:7])
+
+    last = bc[steps - 1]  # t = T-1: actions past the episode repeat the last real one
+    assert last["frame_index"] == steps - 1 and last["episode_index"] == 0
+    np.testing.assert_array_equal(
+        last["observation.state"].numpy(), frames["observation.state"][steps - 2 : steps]
+    )
+    assert last["action_is_pad"].tolist() == [False, False] + [True] * 6
+    assert torch.equal(last["action"][-1], torch.from_numpy(frames["action"][steps - 1]))
+    assert last["instruction"] == dataset.tasks[int(frames["task_index"][0])]
+    loader = torch.utils.data.DataLoader(bc, batch_size=4)
+    batch = next(iter(loader))
+    assert batch["action"].shape == (4, 8, 4) and len(batch["instruction"]) == 4
+
+
+def test_bc_rejects_a_horizon_shorter_than_the_history(dataset: LeRobotDataset) -> None:
+    with pytest.raises(ValueError, match="n_obs_steps=4, horizon=2"):
+        BCDataset(dataset, n_obs_steps=4, horizon=2)
+
+
+def test_reward_clips_carry_labels_and_success(dataset: LeRobotDataset) -> None:
+    reward = RewardDataset(dataset, clip_len=6, clips_per_episode=3)
+    assert len(reward) == 3 * dataset.num_episodes
+    for i in range(len(reward)):
+        item = reward[i]
+        assert item["frames"].shape == (6, 32, 32, 3) and item["frames"].dtype == torch.uint8
+        assert item["progress"].shape == (6,)
+    final = reward[2]  # the last clip of episode 0 ends at its final frame
+    assert final["success"] and final["progress"][-1] == 1.0
+    assert final["frame_index"][-1] == dataset.episode_lengths()[0]
+    with pytest.raises(ValueError, match="no 'progress.nothing' feature"):
+        RewardDataset(dataset, label_key="progress.nothing")
+
+
+def test_preferences_put_the_successful_episode_first(dataset: LeRobotDataset) -> None:
+    prefs = PreferenceDataset(dataset)
+    assert len(prefs) == 3  # each expert success against its own rewound copy (same seed)
+    for i in range(len(prefs)):
+        pair = prefs[i]
+        assert pair["chosen"].success and not pair["rejected"].success
+        assert pair["chosen"].seed == pair["rejected"].seed
+        assert pair["chosen"].instruction == pair["rejected"].instruction
+    batch = collate_preferences([prefs[0], prefs[1]])
+    assert batch["chosen"].success.all() and not batch["rejected"].success.any()
+
+
+def test_normalization_stats_come_from_the_dataset(dataset: LeRobotDataset) -> None:
+    stats = normalization_stats(dataset)
+    # Statistics cover the real actions only, not the zero padding of each last frame.
+    actions = np.concatenate(
+        [
+            dataset.episode_frames(e, keys=["action"])["action"][:-1]
+            for e in range(dataset.num_episodes)
+        ]
+    )
+    np.testing.assert_allclose(stats["action"]["max"], actions.max(0))
+    np.testing.assert_allclose(stats["action"]["mean"], actions.mean(0), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="no statistics for \\['observation.depth'\\]"):
+        normalization_stats(dataset, keys=["observation.depth"])
