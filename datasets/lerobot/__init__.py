@@ -1,0 +1,92 @@
+"""LeRobot dataset v3.0 on disk: write ``Trajectory`` objects into it and read them back exactly.
+
+Layout (LeRobot v3.0)::
+
+    meta/info.json            codebase_version "v3.0", fps, features, totals, path patterns
+    meta/stats.json           {feature: {min, max, mean, std, count, q01, q10, q50, q90, q99}}
+    meta/tasks.parquet        one row per instruction: column ``task`` (the pandas index) and
+                              ``task_index``
+    meta/episodes/chunk-XXX/file-YYY.parquet   one row per episode (where its frames live, stats)
+    data/chunk-XXX/file-YYY.parquet            the per-frame columns of many episodes
+    videos/<key>/chunk-XXX/file-YYY.mp4        the images of many episodes, one after another
+
+Trajectory -> frames. An episode of T steps becomes T+1 frames, one per observation:
+
+- LeRobot's columns ``timestamp`` (float32, frame_index / fps), ``frame_index``,
+  ``episode_index``, ``index`` (global) and ``task_index`` (the instruction's row in tasks).
+- ``observations["agent_pos"]`` -> ``observation.state``; ``observations["pixels"]`` -> video
+  ``observation.image`` (one camera) or ``observation.images.<camera>`` (a dict of cameras); any
+  other observation key k -> ``observation.<k>`` (nested keys joined with ".").
+- ``action`` holds a_t (zeros on the last frame) and ``action_is_pad`` is True only on the last
+  frame; ``next.reward``, ``next.done`` (terminated or truncated), ``next.terminated`` and
+  ``next.truncated`` hold the step's outcome (0 / False on the last frame).
+- ``info[k][t]`` describes the observation after step t, so it goes to frame t+1. Frame 0 takes
+  ``metadata["reset_info"][k]`` (what the rollout records) when it is there with the right
+  shape; otherwise frame 0 repeats frame 1's value. Info keys keep their names, except that
+  ``progress`` becomes ``progress.privileged`` (labellers write ``progress.label``).
+- ``policy_outputs[k]`` -> ``decision.<k>``: decision j's output on frame ``decision_steps[j]``,
+  zeros elsewhere, with ``decision_mask`` True on those frames (written only for trajectories
+  that carry decisions).
+- Episode rows also hold ``success``, ``seed`` (-1 for None, so seeds must be >= 0), ``suite``,
+  ``task_name`` (``Trajectory.task``) and ``metadata`` (``Trajectory.metadata`` as JSON).
+
+Every feature that came from a Trajectory field names it in ``info.json`` as
+``"trajectory_field"`` (the ``Trajectory.to_dict`` key, e.g. ``"info/stage"``), which is how the
+reader rebuilds the Trajectory. The exact per-frame shape of a column is its parquet type
+(a scalar column, or nested fixed-size lists); ``info.json`` writes LeRobot's ``[1]`` for scalars.
+
+Crash safety. The writer buffers episodes and writes each batch as NEW files (videos are encoded
+under temporary names while the batch fills), then ``meta/tasks.parquet``, a new episodes file,
+``meta/stats.json`` and ``meta/info.json`` last, each atomically. ``info.json`` is the commit
+point: episodes files that hold only episodes beyond its ``total_episodes`` are leftovers of an
+interrupted write and are ignored (``validate_dataset`` warns about them and about unreferenced
+files). Files holding earlier episodes are never modified, so a writer killed at any moment
+leaves a valid dataset with every episode committed before the kill.
+
+Modules, lowest first: ``layout`` (constants, paths, DatasetError), ``frames`` (Trajectory <->
+per-frame columns), ``arrow`` (numpy <-> arrow), ``files`` (parquet/JSON I/O), ``stats``,
+``videos`` (mp4 encode/decode), ``metadata`` (loading and checking it), ``validate``,
+``add_feature``, ``writer``, ``reader``, ``summary``.
+"""
+
+# The format constants stay importable from here, as from the single module this package was.
+from embodied.datasets.lerobot.frames import DECISION_MASK, DERIVED_FEATURES  # noqa: F401
+from embodied.datasets.lerobot.layout import (  # noqa: F401
+    CHUNKS_SIZE,
+    CODEBASE_VERSION,
+    DATA_FILE_SIZE_MB,
+    DATA_PATH,
+    DEFAULT_FEATURES,
+    EPISODES_PATH,
+    INFO_PATH,
+    STATS_PATH,
+    TASKS_PATH,
+    VIDEO_FILE_SIZE_MB,
+    VIDEO_PATH,
+    DatasetError,
+)
+from embodied.datasets.lerobot.reader import LeRobotDataset
+from embodied.datasets.lerobot.stats import (  # noqa: F401
+    QUANTILES,
+    STAT_NAMES,
+    VIDEO_STATS_FRAMES,
+    VIDEO_STATS_SIZE,
+)
+from embodied.datasets.lerobot.summary import dataset_summary
+from embodied.datasets.lerobot.validate import validate_dataset
+from embodied.datasets.lerobot.videos import (  # noqa: F401
+    CODEC_NAMES,
+    LOSSLESS_ENCODER,
+    LOSSY_CRF,
+    LOSSY_PIX_FMTS,
+)
+from embodied.datasets.lerobot.writer import LeRobotDatasetWriter
+
+__all__ = [
+    "CODEBASE_VERSION",
+    "DatasetError",
+    "LeRobotDataset",
+    "LeRobotDatasetWriter",
+    "dataset_summary",
+    "validate_dataset",
+]

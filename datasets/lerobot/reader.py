@@ -1,0 +1,190 @@
+"""``LeRobotDataset``: reads a LeRobot v3.0 dataset back as Trajectories, per-frame columns
+or single frames, decoding only the video frames asked for."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from embodied.datasets.lerobot.add_feature import _add_frame_feature
+from embodied.datasets.lerobot.arrow import _from_arrow
+from embodied.datasets.lerobot.files import _read_table
+from embodied.datasets.lerobot.frames import _frames_to_trajectory
+from embodied.datasets.lerobot.layout import DatasetError, _data_path, _video_path
+from embodied.datasets.lerobot.metadata import _load_metadata
+from embodied.datasets.lerobot.videos import _decode_frames
+from embodied.trajectory import Trajectory
+
+
+class LeRobotDataset:
+    """Reads a LeRobot v3.0 dataset: Trajectories, per-frame columns and single frames.
+
+    Opening runs the checks that need no decoding (``validate_dataset`` adds column and
+    leftover-file checks) and raises DatasetError on a corrupted dataset.
+    """
+
+    _CACHED_TABLES = 4  # data files kept in memory for random access
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        """Open and check the dataset at ``root``."""
+        self.root = Path(root)
+        self._load()
+
+    def _load(self) -> None:
+        """(Re)read the metadata and forget cached data files."""
+        self._meta = _load_metadata(self.root)
+        self._starts = np.array([row["dataset_from_index"] for row in self._meta.episodes])
+        self._tables: dict[str, tuple[pa.Table, np.ndarray]] = {}
+
+    @property
+    def num_episodes(self) -> int:
+        """Number of episodes."""
+        return len(self._meta.episodes)
+
+    @property
+    def num_frames(self) -> int:
+        """Number of frames over all episodes (T+1 per episode of T steps)."""
+        return int(self._meta.info["total_frames"])
+
+    @property
+    def fps(self) -> int:
+        """Frames per second."""
+        return int(self._meta.info["fps"])
+
+    @property
+    def features(self) -> dict[str, Any]:
+        """The feature specs of info.json ({name: {dtype, shape, names, ...}})."""
+        return self._meta.info["features"]
+
+    @property
+    def tasks(self) -> list[str]:
+        """Instructions, ordered by task_index."""
+        return list(self._meta.tasks)
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The content of meta/info.json."""
+        return self._meta.info
+
+    @property
+    def stats(self) -> dict[str, dict[str, np.ndarray]]:
+        """meta/stats.json as {feature: {stat: array}}."""
+        return {
+            name: {stat: np.array(value) for stat, value in stats.items()}
+            for name, stats in self._meta.stats.items()
+        }
+
+    def __len__(self) -> int:
+        """Number of frames."""
+        return self.num_frames
+
+    def episodes_table(self) -> list[dict[str, Any]]:
+        """The episodes metadata: one dict per episode (without per-episode stats)."""
+        return [dict(row) for row in self._meta.episodes]
+
+    def episode_lengths(self) -> np.ndarray:
+        """Steps T of each episode (``Trajectory.length``; an episode has T+1 frames)."""
+        return np.array([row["length"] - 1 for row in self._meta.episodes], dtype=np.int64)
+
+    def episode_success(self) -> np.ndarray:
+        """Whether each episode succeeded."""
+        return np.array([bool(row["success"]) for row in self._meta.episodes], dtype=bool)
+
+    def episode(self, index: int) -> Trajectory:
+        """Episode ``index`` as the Trajectory that was written (images decoded)."""
+        frames = self.episode_frames(index)
+        return _frames_to_trajectory(frames, self.features, self._row(index))
+
+    def episode_frames(
+        self, index: int, keys: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Per-frame columns of an episode ([T+1, ...]), extras and decoded images included.
+
+        ``keys`` picks features (videos not asked for are not decoded); default all of them.
+        """
+        row = self._row(index)
+        table = self._episode_rows(row)
+        frames = {}
+        for name in self.features if keys is None else keys:
+            if name not in self.features:
+                raise KeyError(f"no feature {name!r}; the dataset has {list(self.features)}")
+            if self.features[name]["dtype"] == "video":
+                frames[name] = self._decode(row, name, 0, row["length"])
+            else:
+                frames[name] = _from_arrow(table[name])
+        return frames
+
+    def frame(self, index: int) -> dict[str, np.ndarray]:
+        """Frame ``index`` (global) as {feature: value}; decodes only that frame of each video."""
+        if not 0 <= index < self.num_frames:
+            raise IndexError(f"frame {index} is out of range for {self.num_frames} frames")
+        episode = int(np.searchsorted(self._starts, index, side="right")) - 1
+        row = self._row(episode)
+        offset = index - row["dataset_from_index"]
+        table = self._episode_rows(row).slice(offset, 1)
+        frame = {}
+        for name, feature in self.features.items():
+            if feature["dtype"] == "video":
+                frame[name] = self._decode(row, name, offset, offset + 1)[0]
+            else:
+                frame[name] = _from_arrow(table[name])[0]
+        return frame
+
+    def add_frame_feature(
+        self,
+        name: str,
+        values_per_episode: Sequence[np.ndarray],
+        info: dict[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        """Add a per-frame column (e.g. ``progress.label``) to every episode, on disk.
+
+        ``values_per_episode[e]`` holds one entry per frame of episode e ([T+1, ...]); ``info``
+        goes to the feature's info.json entry. ``overwrite=True`` replaces a feature added this
+        way before. Data files and episodes files are rewritten atomically, then stats.json,
+        then info.json: until info.json names the feature, readers ignore the column.
+        """
+        _add_frame_feature(self.root, self._meta, name, values_per_episode, info, overwrite)
+        self._load()
+
+    def _row(self, index: int) -> dict[str, Any]:
+        """The metadata row of episode ``index``."""
+        if not 0 <= index < self.num_episodes:
+            raise IndexError(f"episode {index} is out of range for {self.num_episodes} episodes")
+        return self._meta.episodes[index]
+
+    def _episode_rows(self, row: Mapping[str, Any]) -> pa.Table:
+        """The data rows of one episode, from a (cached) data file."""
+        relative = _data_path(row)
+        if relative not in self._tables:
+            if len(self._tables) >= self._CACHED_TABLES:
+                del self._tables[next(iter(self._tables))]
+            table = _read_table(self.root, relative, f"episode {row['episode_index']}")
+            self._tables[relative] = (table, _from_arrow(table["index"]))
+        table, index = self._tables[relative]
+        start = int(np.searchsorted(index, row["dataset_from_index"]))
+        stop = start + row["length"]
+        if (
+            stop > len(index)
+            or index[start] != row["dataset_from_index"]
+            or (index[stop - 1] != row["dataset_to_index"] - 1)
+        ):
+            raise DatasetError(
+                f"{relative}: the rows of episode {row['episode_index']} are not where the "
+                "episodes metadata says"
+            )
+        return table.slice(start, row["length"])
+
+    def _decode(self, row: Mapping[str, Any], key: str, start: int, stop: int) -> np.ndarray:
+        """Frames [start, stop) of an episode's video ``key``, cropped to the feature's size."""
+        first = round(row[f"videos/{key}/from_timestamp"] * self.fps)
+        frames = _decode_frames(
+            self.root / _video_path(row, key), first + start, first + stop, self.fps
+        )
+        height, width = self.features[key]["shape"][:2]
+        return frames[:, :height, :width]

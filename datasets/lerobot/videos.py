@@ -1,0 +1,159 @@
+"""Episode images as mp4: encoding settings, the encoder that packs many episodes into one
+file (crash-safe), and decoding a frame range back; distinct from ``embodied.video``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+
+from embodied.datasets.lerobot.layout import DatasetError
+
+LOSSY_CRF = 20
+# yuv420p plays everywhere but halves colour resolution: on 64x64 renders the conversion alone
+# caps PSNR near 29 dB. yuv444p (H.264 High 4:4:4) keeps it; crf 20 gives about 37 dB there.
+LOSSY_PIX_FMTS = ("yuv420p", "yuv444p")
+LOSSLESS_ENCODER = "libx264rgb"  # H.264 in RGB with qp 0: bit-exact, and any H.264 decoder reads it
+CODEC_NAMES = {"libx264": "h264", "libx264rgb": "h264", "libsvtav1": "av1", "libopenh264": "h264"}
+
+
+def _pad_even(frames: np.ndarray) -> np.ndarray:
+    """Pad odd heights/widths by one edge pixel (yuv420p needs even sizes); readers crop."""
+    pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
+    if pad_h or pad_w:
+        frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+    return frames
+
+
+def _video_info(
+    fps: int, video_codec: str, crf: int, lossless: bool, pix_fmt: str
+) -> dict[str, Any]:
+    """The ``info`` block of a video feature: LeRobot's keys plus how it was encoded."""
+    if pix_fmt not in LOSSY_PIX_FMTS:
+        raise ValueError(f"pix_fmt must be one of {LOSSY_PIX_FMTS}, got {pix_fmt!r}")
+    encoder = LOSSLESS_ENCODER if lossless else video_codec
+    return {
+        "video.codec": CODEC_NAMES.get(encoder, encoder),
+        "video.pix_fmt": "gbrp" if lossless else pix_fmt,
+        "video.is_depth_map": False,
+        "video.fps": fps,
+        "video.channels": 3,
+        "has_audio": False,
+        "video.encoder": encoder,
+        "video.crf": None if lossless else crf,
+        "video.lossless": lossless,
+    }
+
+
+class _VideoEncoder:
+    """Encodes the frames of consecutive episodes into one mp4 under a temporary name.
+
+    ``finish`` renames it to its final name, so a crash never leaves a truncated video there.
+    Frame i of the file has pts i (time base 1/fps), i.e. it plays at time i / fps.
+    """
+
+    def __init__(
+        self, path: Path, location: tuple[int, int], fps: int, frame_shape: tuple, info: dict
+    ) -> None:
+        """Open ``path``'s temporary file with the encoder settings from a feature's info."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.location = location  # (chunk_index, file_index) of ``path``
+        self.tmp_path = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        self.num_frames = 0
+        self.encoded_bytes = 0
+        self._container = av.open(str(self.tmp_path), mode="w", format="mp4")
+        self._stream = self._container.add_stream(info["video.encoder"], rate=fps)
+        self._stream.height = frame_shape[0] + frame_shape[0] % 2
+        self._stream.width = frame_shape[1] + frame_shape[1] % 2
+        if info["video.lossless"]:
+            self._stream.pix_fmt = "rgb24"
+            self._stream.options = {"qp": "0"}
+        else:
+            self._stream.pix_fmt = info["video.pix_fmt"]
+            self._stream.options = {"crf": str(info["video.crf"])}
+        self._stream.codec_context.gop_size = fps  # a keyframe every second for random access
+
+    def add(self, frames: np.ndarray) -> int:
+        """Append ``uint8 [n, H, W, 3]`` frames; return the file frame index of the first one."""
+        first = self.num_frames
+        for image in _pad_even(frames):
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts = self.num_frames
+            self._mux(self._stream.encode(frame))
+            self.num_frames += 1
+        return first
+
+    def _mux(self, packets: list) -> None:
+        """Write packets and count their bytes (the file on disk lags behind the encoder)."""
+        self.encoded_bytes += sum(packet.size for packet in packets)
+        self._container.mux(packets)
+
+    def finish(self) -> None:
+        """Flush the encoder, close the file, sync it and move it to its final name."""
+        self._mux(self._stream.encode())
+        self._container.close()
+        with open(self.tmp_path, "rb") as file:
+            os.fsync(file.fileno())
+        os.replace(self.tmp_path, self.path)
+
+    def abort(self) -> None:
+        """Drop the temporary file (best effort: the writer is failing already)."""
+        with contextlib.suppress(av.FFmpegError, OSError, ValueError):
+            self._container.close()  # closing a broken encoder may fail; the file goes anyway
+        self.tmp_path.unlink(missing_ok=True)
+
+
+def _decode_frames(path: Path, start: int, stop: int, fps: int) -> np.ndarray:
+    """Frames [start, stop) of an mp4 as ``uint8 [n, H, W, 3]``.
+
+    Seeks to the keyframe at or before ``start`` and decodes forward; if the seek lands after
+    ``start`` (possible with B-frames), decodes from the beginning of the file instead.
+    """
+    frames: list[np.ndarray] = []
+    for seek_frame in (start, 0):
+        frames = []
+        with _open_video(path) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            if seek_frame > 0:
+                container.seek(int(Fraction(seek_frame, fps) / stream.time_base), stream=stream)
+            for frame in container.decode(stream):
+                index = round(frame.pts * stream.time_base * fps)
+                if index < start:
+                    continue
+                if index >= stop or index != start + len(frames):
+                    break
+                frames.append(frame.to_ndarray(format="rgb24"))
+        if len(frames) == stop - start:
+            return np.stack(frames)
+    raise DatasetError(
+        f"{path}: cannot decode frames {start}..{stop - 1} (got {len(frames)} of them)"
+    )
+
+
+def _open_video(path: Path) -> av.container.InputContainer:
+    """Open an mp4 for reading; DatasetError naming it when it is missing or unreadable."""
+    try:
+        container = av.open(str(path))
+    except (av.FFmpegError, OSError) as error:
+        raise DatasetError(f"{path}: unreadable video ({error})") from error
+    if not container.streams.video:
+        container.close()
+        raise DatasetError(f"{path}: has no video stream")
+    return container
+
+
+def _video_num_frames(path: Path, fps: int) -> int:
+    """Number of frames an mp4 holds, read from its header."""
+    with _open_video(path) as container:
+        stream = container.streams.video[0]
+        if stream.frames:
+            return int(stream.frames)
+        return round(stream.duration * stream.time_base * fps) if stream.duration else 0
