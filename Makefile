@@ -50,7 +50,8 @@ test-suite: install
 
 test-mujoco-latest: $(LATEST)/.installed
 	$(LATEST)/bin/python -c "import mujoco; print('newest-MuJoCo check on mujoco', mujoco.__version__)"
-	$(call pytest,$(LATEST),tests/test_tabletop.py tests/test_cli.py tests/test_trajectory.py)
+	$(call pytest,$(LATEST),tests/test_tabletop.py tests/test_cli.py tests/test_trajectory.py \
+		tests/test_collect.py tests/test_labels.py)
 
 lint: install
 	$(BIN)/ruff check .
