@@ -10,8 +10,8 @@ import numpy as np
 
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 STAT_NAMES = ("min", "max", "mean", "std", "count", *QUANTILES)
-VIDEO_STATS_FRAMES = 100  # frames sampled per episode for image stats
-VIDEO_STATS_SIZE = 64  # images are strided down to about this many pixels a side for stats
+VIDEO_STATS_FRAMES = 16  # frames sampled per episode for image stats (aggregated over episodes)
+VIDEO_STATS_SIZE = 32  # images are strided down to about this many pixels a side for stats
 
 
 def _stats_shape(feature: Mapping[str, Any]) -> tuple[int, ...]:
