@@ -89,11 +89,23 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench_sim(args: argparse.Namespace) -> int:
-    from embodied.bench import bench_sim, format_table
+def _bench_note(args: argparse.Namespace):
+    """Progress lines on stderr while benchmarking (none when the output is JSON)."""
+    if args.json:
+        return None
+    return lambda what: print(f"benchmarking {what} ...", file=sys.stderr, flush=True)
 
-    def note(what: str) -> None:
-        print(f"benchmarking {what} ...", file=sys.stderr, flush=True)
+
+def _print_rows(rows: list, as_json: bool) -> int:
+    """Bench rows as a table, or as JSON with ``--json``."""
+    from embodied.bench import format_table
+
+    print(json.dumps([r.as_dict() for r in rows], indent=2) if as_json else format_table(rows))
+    return 0
+
+
+def _cmd_bench_sim(args: argparse.Namespace) -> int:
+    from embodied.bench import bench_sim
 
     rows = bench_sim(
         tasks=args.tasks,
@@ -101,20 +113,13 @@ def _cmd_bench_sim(args: argparse.Namespace) -> int:
         steps=args.steps,
         repeats=args.repeats,
         metaworld=not args.no_metaworld,
-        progress=None if args.json else note,
+        progress=_bench_note(args),
     )
-    if args.json:
-        print(json.dumps([r.as_dict() for r in rows], indent=2))
-    else:
-        print(format_table(rows))
-    return 0
+    return _print_rows(rows, args.json)
 
 
 def _cmd_bench_collect(args: argparse.Namespace) -> int:
-    from embodied.bench import bench_collect, format_table
-
-    def note(what: str) -> None:
-        print(f"benchmarking {what} ...", file=sys.stderr, flush=True)
+    from embodied.bench import bench_collect
 
     rows = bench_collect(
         task=args.task,
@@ -122,13 +127,9 @@ def _cmd_bench_collect(args: argparse.Namespace) -> int:
         episodes=args.episodes,
         image_size=args.image_size,
         repeats=args.repeats,
-        progress=None if args.json else note,
+        progress=_bench_note(args),
     )
-    if args.json:
-        print(json.dumps([r.as_dict() for r in rows], indent=2))
-    else:
-        print(format_table(rows))
-    return 0
+    return _print_rows(rows, args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -110,3 +110,13 @@ def test_validate_fails_with_exit_code_1_naming_the_problem(collected, tmp_path,
     (broken / "data" / "chunk-000" / "file-000.parquet").unlink()
     assert main(["dataset", "validate", str(broken)]) == 1
     assert "file-000.parquet" in capsys.readouterr().err
+
+
+def test_bench_collect_reports_throughput_against_one_worker(capsys) -> None:
+    from embodied.cli import main
+
+    args = ["bench", "collect", "--task", "Reach", "--workers", "1", "--episodes", "2"]
+    assert main([*args, "--repeats", "1", "--image-size", "32", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["workers"] == 1 and row["baseline"] == "1 worker(s)" and row["speedup"] == 1.0
+    assert row["episodes_per_min"] > 0 and row["frames_per_s"] > row["episodes_per_min"] / 60
