@@ -11,6 +11,7 @@ import numpy as np
 
 from embodied.datasets.lerobot.layout import DEFAULT_FEATURES, DatasetError, _episodes_path
 from embodied.trajectory import Trajectory
+from embodied.types import observation_feature
 
 # Features computed from other Trajectory fields; they have no "trajectory_field" of their own.
 DERIVED_FEATURES = ("action_is_pad", "next.done")
@@ -30,13 +31,7 @@ class _Column(NamedTuple):
     video: bool = False
 
 
-def _observation_feature(path: tuple[str, ...]) -> str:
-    """Feature name of an observation key (``agent_pos`` -> ``observation.state``)."""
-    if path == ("agent_pos",):
-        return "observation.state"
-    if path[0] == "pixels":
-        return "observation.image" if len(path) == 1 else f"observation.images.{path[1]}"
-    return "observation." + ".".join(path)
+_observation_feature = observation_feature  # one mapping for datasets, policies and rollouts
 
 
 def _info_feature(path: tuple[str, ...]) -> str:
