@@ -81,6 +81,17 @@ def _cmd_dataset_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train_bc(args: argparse.Namespace) -> int:
+    from embodied.config import load_config
+    from embodied.train.bc import BCConfig, train_bc
+
+    overrides = list(args.overrides) + ([f"resume={args.resume}"] if args.resume else [])
+    cfg = load_config(BCConfig, args.config, overrides)
+    run = train_bc(cfg)
+    print(f"policy: {run.path / 'policy'}")
+    return 0
+
+
 def _cmd_tasks(args: argparse.Namespace) -> int:
     import embodied.sims as sims
 
@@ -177,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("dataset")
     validate.set_defaults(func=_cmd_dataset_validate)
 
+    train = sub.add_parser("train", help="train a policy")
+    train_sub = train.add_subparsers(dest="algorithm", metavar="ALGORITHM", required=True)
+    bc = train_sub.add_parser("bc", help="behaviour cloning from a LeRobot v3 dataset")
+    bc.add_argument("config", nargs="?", default=None, help="YAML config (BCConfig)")
+    bc.add_argument("overrides", nargs="*", help="dotted overrides, e.g. steps=2000")
+    bc.add_argument("--resume", default=None, help="run directory to continue exactly")
+    bc.set_defaults(func=_cmd_train_bc)
+
     tasks = sub.add_parser("tasks", help="list the tasks of a suite")
     tasks.add_argument("--suite", default="tabletop", choices=["tabletop", "metaworld"])
     tasks.set_defaults(func=_cmd_tasks)
@@ -206,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``embodied`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("demo", "collect") and args.config and "=" in args.config:
+    if args.command in ("demo", "collect", "train") and args.config and "=" in args.config:
         args.overrides, args.config = [args.config, *args.overrides], None
     try:
         return args.func(args)

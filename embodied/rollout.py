@@ -93,8 +93,10 @@ def rollout_vector(
     autoreset_mode="disabled")``): a finished sub-env is reset to the next pending seed at once,
     so every worker stays busy; sub-envs left without an episode at the end keep stepping (reset
     without a seed whenever they finish) but are ignored.
-    ``act(batched_obs) -> [num_envs, A]`` gets the whole batch. ``step_limits[e]`` cuts episode
-    ``e`` off after that many steps (marked truncated): deliberate failure data.
+    ``act(batched_obs) -> [num_envs, A]`` gets the whole batch; an ``act`` with a
+    ``reset(envs, instructions)`` method is told which sub-envs start a new episode, and on
+    what. ``step_limits[e]`` cuts episode ``e`` off after that many steps (marked truncated):
+    deliberate failure data.
     """
     n = vec.num_envs
     pending = list(range(len(seeds)))
@@ -113,10 +115,13 @@ def rollout_vector(
             if episode_of[i] is not None:
                 reset_seeds[i] = int(seeds[episode_of[i]])
         new_obs, infos = vec.reset(seed=reset_seeds, options={"reset_mask": mask})
+        env_infos = {i: _env_info(infos, i) for i in envs}
+        if hasattr(act, "reset"):  # a stateful actor (observation history, action queue)
+            act.reset(envs, [str(env_infos[i].get("instruction", "")) for i in envs])
         for i in envs:
             if episode_of[i] is None:
                 continue
-            info = _env_info(infos, i)
+            info = env_infos[i]
             builders[i] = TrajectoryBuilder(
                 _take(new_obs, i),
                 instruction=str(info.get("instruction", "")),
@@ -149,3 +154,66 @@ def rollout_vector(
                 finished.append(i)
         if finished:
             obs = start(finished)
+
+
+class PolicyActor:
+    """Drives a vector env with a ``Policy``: keeps each sub-env's last ``n_obs_steps``
+    observations (repeating the first at an episode start) and plays each sampled action chunk
+    for ``n_action_steps`` steps before asking the policy again, as Diffusion Policy does."""
+
+    def __init__(
+        self,
+        policy: Any,
+        num_envs: int,
+        n_obs_steps: int = 1,
+        deterministic: bool = True,
+        seed: int = 0,
+    ) -> None:
+        import torch
+
+        self.policy, self.num_envs, self.n_obs_steps = policy, num_envs, n_obs_steps
+        self.deterministic = deterministic
+        self.generator = torch.Generator().manual_seed(seed)
+        self.history: list[list[dict[str, np.ndarray]]] = [[] for _ in range(num_envs)]
+        self.queue: list[list[np.ndarray]] = [[] for _ in range(num_envs)]
+        self.instructions = [""] * num_envs
+
+    def reset(self, envs: Sequence[int], instructions: Sequence[str]) -> None:
+        """Sub-envs ``envs`` start new episodes on ``instructions``: forget their history and
+        queued actions."""
+        for i, instruction in zip(envs, instructions, strict=True):
+            self.history[i], self.queue[i] = [], []
+            self.instructions[i] = instruction
+
+    def __call__(self, obs: dict[str, Any]) -> np.ndarray:
+        """Actions ``[num_envs, A]`` for the batched observation."""
+        import torch
+
+        from embodied.types import env_observation_features
+
+        for i in range(self.num_envs):
+            frame = env_observation_features(_take(obs, i))
+            history = self.history[i]
+            history.append(frame)
+            while len(history) < self.n_obs_steps:
+                history.insert(0, frame)
+            del history[: len(history) - self.n_obs_steps]
+        need = [i for i in range(self.num_envs) if not self.queue[i]]
+        if need:
+            batch = {
+                key: torch.from_numpy(
+                    np.stack([np.stack([h[key] for h in self.history[i]]) for i in need])
+                )
+                for key in self.history[need[0]][0]
+            }
+            with torch.no_grad():
+                out = self.policy.act(
+                    batch,
+                    [self.instructions[i] for i in need],
+                    deterministic=self.deterministic,
+                    generator=self.generator,
+                )
+            chunks = np.asarray(out.actions.cpu().numpy(), dtype=np.float32)
+            for j, i in enumerate(need):
+                self.queue[i] = list(chunks[j])
+        return np.stack([self.queue[i].pop(0) for i in range(self.num_envs)])

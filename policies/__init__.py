@@ -1,1 +1,23 @@
-"""Policies: VLA and diffusion/flow planners (see DESIGN.md). Imports only the core."""
+"""Policies: VLA and diffusion/flow planners and small baselines (see DESIGN.md).
+
+Every policy is a ``torch.nn.Module`` registered by name (``register_policy``); ``make_policy``
+builds one from its type and config, ``Policy.from_pretrained`` loads a saved one. This package
+imports only the core (``embodied.types``, ``embodied.io``), torch, numpy and model libraries
+(diffusers), never the other peers (sims, datasets, rewards).
+"""
+
+from embodied.policies.base import POLICIES, Normalizer, Policy, make_policy, register_policy
+from embodied.policies.diffusion import DiffusionConfig, DiffusionPolicy
+from embodied.policies.mlp import MLPConfig, MLPPolicy
+
+__all__ = [
+    "POLICIES",
+    "DiffusionConfig",
+    "DiffusionPolicy",
+    "MLPConfig",
+    "MLPPolicy",
+    "Normalizer",
+    "Policy",
+    "make_policy",
+    "register_policy",
+]

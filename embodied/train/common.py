@@ -1,0 +1,175 @@
+"""The one trainer utility the algorithms share: device, optimizer + schedule, batches,
+checkpoints that resume exactly.
+
+A checkpoint is a directory ``checkpoints/step-NNNNNNN/`` written under a temporary name and
+renamed, holding the policy (``save_pretrained``), the optimizer's tensors and the torch RNG state
+(safetensors), and every scalar (JSON): nothing is unpickled when a run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from embodied.io import atomic_write_text
+
+CHECKPOINT_PREFIX = "step-"
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; anything else is passed to torch."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up then cosine decay (Diffusion Policy's recipe)."""
+
+    lr: float = 1e-4
+    weight_decay: float = 1e-6
+    betas: tuple[float, float] = (0.95, 0.999)
+    warmup_steps: int = 100
+    max_grad_norm: float = 1.0
+
+
+def make_optimizer(
+    params: Any, cfg: OptimConfig, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW and its schedule: lr ramps up over ``warmup_steps`` then follows a cosine to 0."""
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+    )
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def batch_indices(num_items: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+    """Indices of the batch for ``step``: a pure function of (seed, step), so a resumed run sees
+    exactly the batches the uninterrupted run would have seen."""
+    return np.random.default_rng([seed, step]).integers(0, num_items, size=batch_size)
+
+
+def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack tensors and keep lists of strings/ints (torch's default collate)."""
+    return torch.utils.data.default_collate(items)
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Move every tensor of a batch to ``device``."""
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+def save_checkpoint(
+    directory: Path,
+    step: int,
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``directory/step-NNNNNNN`` atomically (temporary directory, then rename)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"{CHECKPOINT_PREFIX}{step:07d}"
+    tmp = directory / f".tmp-{CHECKPOINT_PREFIX}{step:07d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save_pretrained(tmp / "policy")
+    tensors, scalars = _flatten_optimizer(optimizer.state_dict())
+    tensors["rng.torch"] = torch.get_rng_state()
+    save_file(tensors, str(tmp / "trainer.safetensors"))
+    numpy_state = np.random.get_state()  # noqa: NPY002 (the global RNG seed_everything seeds)
+    state = {
+        "step": step,
+        "optimizer": scalars,
+        "scheduler": scheduler.state_dict(),
+        "rng": {
+            "python": _jsonable(random.getstate()),
+            "numpy": [numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]],
+        },
+        "extra": extra or {},
+    }
+    atomic_write_text(tmp / "trainer.json", json.dumps(state) + "\n")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The newest complete checkpoint in ``directory`` (temporary ones are ignored)."""
+    found = sorted(directory.glob(f"{CHECKPOINT_PREFIX}*")) if directory.is_dir() else []
+    return found[-1] if found else None
+
+
+def load_checkpoint(
+    path: Path,
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> tuple[int, dict[str, Any]]:
+    """Restore policy weights, optimizer, schedule and RNG states; return (step, extra)."""
+    from safetensors.torch import load_file
+
+    for name in ("policy", "trainer.safetensors", "trainer.json"):
+        if not (path / name).exists():
+            raise FileNotFoundError(f"{path} is not a complete checkpoint: {name} is missing")
+    saved = type(policy).from_pretrained(path / "policy", device=policy.device)
+    policy.load_state_dict(saved.state_dict())
+    state = json.loads((path / "trainer.json").read_text())
+    tensors = load_file(str(path / "trainer.safetensors"))
+    torch.set_rng_state(tensors.pop("rng.torch"))
+    optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
+    scheduler.load_state_dict(state["scheduler"])
+    version, internal, gauss = state["rng"]["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["rng"]["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))  # noqa: NPY002
+    return int(state["step"]), state["extra"]
+
+
+def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Optimizer state -> (named tensors for safetensors, JSON-able rest)."""
+    tensors, per_param = {}, {}
+    for pid, values in state["state"].items():
+        per_param[str(pid)] = {}
+        for key, value in values.items():
+            if torch.is_tensor(value):
+                tensors[f"optim.{pid}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                per_param[str(pid)][key] = value
+    return tensors, {"param_groups": state["param_groups"], "state": per_param}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> dict:
+    """Inverse of ``_flatten_optimizer``."""
+    state: dict[int, dict[str, Any]] = {
+        int(pid): dict(values) for pid, values in scalars["state"].items()
+    }
+    for name, tensor in tensors.items():
+        _, pid, key = name.split(".", 2)
+        state.setdefault(int(pid), {})[key] = tensor
+    return {"state": state, "param_groups": scalars["param_groups"]}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    return value

@@ -1,0 +1,220 @@
+"""The policy interface every planner and VLA implements, its registry, and save/load.
+
+A policy is a ``torch.nn.Module`` with a dataclass config. ``save_pretrained`` writes
+``config.json`` (with the policy type) and ``model.safetensors`` (weights and the normalisation
+statistics, as buffers) atomically; ``from_pretrained`` rebuilds the right class from the registry
+and refuses weights that do not match the config, naming both shapes.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from embodied.io import atomic_open, atomic_write_text
+from embodied.types import ActionOutput
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register_policy(name: str):
+    """Class decorator: make a policy type loadable by name (``config.json``'s ``policy_type``)."""
+
+    def register(cls: type[Policy]) -> type[Policy]:
+        if name in POLICIES:
+            raise ValueError(f"policy type {name!r} is already registered by {POLICIES[name]}")
+        cls.policy_type = name
+        POLICIES[name] = cls
+        return cls
+
+    return register
+
+
+class Normalizer(nn.Module):
+    """Feature scaling from dataset statistics, stored as buffers so it travels with the weights.
+
+    ``mode="mean_std"``: ``(x - mean) / std``; ``mode="min_max"``: maps [min, max] to [-1, 1] (the
+    Diffusion Policy convention for actions). Constant dimensions are left unscaled.
+    """
+
+    def __init__(self, dim: int, mode: str = "mean_std") -> None:
+        super().__init__()
+        if mode not in ("mean_std", "min_max"):
+            raise ValueError(f"mode must be 'mean_std' or 'min_max', got {mode!r}")
+        self.mode = mode
+        self.register_buffer("shift", torch.zeros(dim))
+        self.register_buffer("scale", torch.ones(dim))
+
+    @torch.no_grad()
+    def fit(self, stats: Mapping[str, Any]) -> Normalizer:
+        """Set the buffers from a feature's statistics (``mean``/``std`` or ``min``/``max``)."""
+        get = lambda k: torch.as_tensor(np.asarray(stats[k], dtype=np.float32).reshape(-1))  # noqa: E731
+        if self.mode == "mean_std":
+            shift, scale = get("mean"), get("std")
+        else:
+            low, high = get("min"), get("max")
+            shift, scale = (high + low) / 2, (high - low) / 2
+        if shift.shape != self.shift.shape:
+            raise ValueError(
+                f"statistics have shape {tuple(shift.shape)}, the policy expects "
+                f"{tuple(self.shift.shape)}"
+            )
+        self.shift.copy_(shift)
+        self.scale.copy_(torch.where(scale > 1e-6, scale, torch.ones_like(scale)))
+        return self
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw -> normalised."""
+        return (x - self.shift) / self.scale
+
+    def unnormalize(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised -> raw."""
+        return x * self.scale + self.shift
+
+
+class Policy(nn.Module, abc.ABC):
+    """Base class: ``act`` samples action chunks with their log-probabilities, ``log_prob``
+    recomputes them with gradients, ``bc_loss`` trains by behaviour cloning."""
+
+    policy_type: ClassVar[str] = ""
+    config_class: ClassVar[type]
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}")
+        self.config = config
+
+    @abc.abstractmethod
+    def act(
+        self, obs: Mapping[str, torch.Tensor], instructions: list[str], deterministic: bool = False
+    ) -> ActionOutput:
+        """Sample an action chunk ``[B, chunk, A]`` for a batch of observations."""
+
+    @abc.abstractmethod
+    def log_prob(
+        self,
+        obs: Mapping[str, torch.Tensor],
+        instructions: list[str],
+        policy_outputs: Mapping[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """Per-token / per-denoising-step log-probabilities ``[B, K]`` of recorded decisions."""
+
+    @abc.abstractmethod
+    def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """Behaviour-cloning loss of a batch from ``embodied.datasets.training.BCDataset``."""
+
+    @classmethod
+    @abc.abstractmethod
+    def config_from_dataset(
+        cls,
+        features: Mapping[str, Mapping[str, Any]],
+        tasks: Any = (),
+        horizon: int | None = None,
+        **overrides: Any,
+    ) -> Any:
+        """A config shaped by a LeRobot dataset's features and instructions (for training)."""
+
+    @abc.abstractmethod
+    def fit_normalizers(self, stats: Mapping[str, Mapping[str, Any]]) -> Policy:
+        """Set the normalisation buffers from ``embodied.datasets.training.normalization_stats``."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters live."""
+        return next(self.parameters()).device
+
+    # --- save / load -------------------------------------------------------------------------
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` into ``directory`` (atomically)."""
+        from safetensors.torch import save
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        with atomic_open(directory / WEIGHTS_NAME, "wb") as file:
+            file.write(save(state))
+        config = {"policy_type": self.policy_type, **dataclasses.asdict(self.config)}
+        atomic_write_text(directory / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
+        return directory
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str | os.PathLike[str], device: str | torch.device = "cpu"
+    ) -> Policy:
+        """Rebuild a saved policy; the class comes from ``config.json``'s ``policy_type``."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        for name in (CONFIG_NAME, WEIGHTS_NAME):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(f"{directory} is not a saved policy: {name} is missing")
+        config = json.loads((directory / CONFIG_NAME).read_text())
+        policy_type = config.pop("policy_type", None)
+        if policy_type not in POLICIES:
+            raise ValueError(
+                f"{directory / CONFIG_NAME}: unknown policy_type {policy_type!r}; "
+                f"available: {', '.join(sorted(POLICIES))}"
+            )
+        policy_cls = POLICIES[policy_type]
+        if cls is not Policy and not issubclass(policy_cls, cls):
+            raise ValueError(f"{directory} holds a {policy_type!r} policy, not a {cls.__name__}")
+        policy = policy_cls(_config_from_dict(policy_cls.config_class, config, directory))
+        _load_exact(policy, load_file(str(directory / WEIGHTS_NAME)), directory / WEIGHTS_NAME)
+        return policy.to(device)
+
+
+def _config_from_dict(config_class: type, values: dict[str, Any], directory: Path) -> Any:
+    """The config dataclass from ``config.json``, naming unknown keys."""
+    names = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(
+            f"{directory / CONFIG_NAME}: unknown keys {unknown} for {config_class.__name__}"
+        )
+    return config_class(**values)
+
+
+def _load_exact(module: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+    """Load weights that match the module exactly: missing, extra or reshaped tensors are errors
+    naming the tensor and both shapes (a config that does not match its weights)."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    extra = sorted(set(state) - set(own))
+    if missing or extra:
+        raise ValueError(
+            f"{path}: weights do not match the config: missing {missing}, extra {extra}"
+        )
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(own[name].shape):
+            raise ValueError(
+                f"{path}: weight {name!r} has shape {tuple(tensor.shape)} but the config builds "
+                f"{tuple(own[name].shape)}"
+            )
+    module.load_state_dict(state, strict=True)
+
+
+def make_policy(policy_type: str, config: Any = None, **overrides: Any) -> Policy:
+    """Build a registered policy from its type name (and a config or config overrides)."""
+    if policy_type not in POLICIES:
+        raise ValueError(
+            f"unknown policy type {policy_type!r}; available: {', '.join(sorted(POLICIES))}"
+        )
+    cls = POLICIES[policy_type]
+    if config is None:
+        config = cls.config_class(**overrides)
+    elif overrides:
+        config = dataclasses.replace(config, **overrides)
+    return cls(config)

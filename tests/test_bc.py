@@ -1,0 +1,131 @@
+"""Behaviour cloning end to end: learning, exact resume, the diffusion planner on pixels, NaN."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from embodied.collect import CollectConfig, run_collect
+from embodied.policies import Policy
+from embodied.run import read_metrics
+from embodied.train.bc import BCConfig, train_bc
+from embodied.train.common import latest_checkpoint
+
+
+@pytest.fixture(scope="module")
+def drawer_states(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Expert DrawerOpen demos, state only (one goal: the MLP needs no language)."""
+    root = tmp_path_factory.mktemp("bc") / "drawer"
+    run_collect(CollectConfig(task="DrawerOpen", episodes=12, out=str(root), obs_mode="state"))
+    return root
+
+
+def _mlp_config(dataset: Path, out: Path, **overrides) -> BCConfig:
+    values = dict(
+        dataset=str(dataset),
+        out=str(out),
+        policy="mlp",
+        n_obs_steps=1,
+        horizon=1,
+        batch_size=128,
+        steps=800,
+        eval_every=800,
+        eval_episodes=10,
+        save_every=400,
+    )
+    cfg = BCConfig(**{**values, **overrides})
+    cfg.optim.lr, cfg.optim.warmup_steps = 1e-3, 50
+    return cfg
+
+
+def test_mlp_bc_learns_to_open_the_drawer(drawer_states: Path, tmp_path: Path) -> None:
+    run = train_bc(_mlp_config(drawer_states, tmp_path))
+    metrics = read_metrics(run.path / "metrics.jsonl")
+    losses = [m["bc/loss"] for m in metrics if "bc/loss" in m]
+    assert losses[-1] < losses[0] - 1.0  # the negative log-likelihood falls
+    success = [m for m in metrics if "eval/DrawerOpen/success_rate" in m][-1]
+    assert success["eval/DrawerOpen/success_rate"] >= 0.3  # a random policy never opens it
+    policy = Policy.from_pretrained(run.path / "policy")
+    assert policy.policy_type == "mlp"
+
+
+def test_resume_continues_exactly(drawer_states: Path, tmp_path: Path) -> None:
+    cfg = _mlp_config(drawer_states, tmp_path / "a", steps=20, save_every=10, eval_episodes=0)
+    full = train_bc(cfg)
+    # A run stopped after its step-10 checkpoint, then resumed: the same final weights.
+    stopped = tmp_path / "b"
+    shutil.copytree(full.path, stopped)
+    shutil.rmtree(stopped / "checkpoints" / "step-0000020")
+    shutil.rmtree(stopped / "policy")
+    assert latest_checkpoint(stopped / "checkpoints").name == "step-0000010"
+    resumed = train_bc(
+        _mlp_config(
+            drawer_states,
+            tmp_path / "unused",
+            steps=20,
+            save_every=10,
+            eval_episodes=0,
+            resume=str(stopped),
+        )
+    )
+    assert resumed.path == stopped
+    a = Policy.from_pretrained(full.path / "policy").state_dict()
+    b = Policy.from_pretrained(stopped / "policy").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_diffusion_bc_on_pixels_runs_evaluates_and_saves(tmp_path: Path) -> None:
+    root = tmp_path / "buttons"
+    run_collect(CollectConfig(task="ButtonPress", episodes=2, out=str(root), image_size=32))
+    tiny = {
+        "down_dims": [16, 32],
+        "vision_channels": [8, 16],
+        "num_keypoints": 8,
+        "embed_dim": 16,
+        "n_action_steps": 4,
+        "num_inference_steps": 3,
+    }
+    cfg = BCConfig(
+        dataset=str(root),
+        out=str(tmp_path),
+        horizon=8,
+        steps=6,
+        batch_size=4,
+        eval_every=6,
+        eval_episodes=1,
+        save_every=6,
+        policy_overrides=tiny,
+    )
+    run = train_bc(cfg)
+    metrics = read_metrics(run.path / "metrics.jsonl")
+    assert any("eval/ButtonPress/success_rate" in m for m in metrics)
+    policy = Policy.from_pretrained(run.path / "policy")
+    assert policy.config.image_keys == ["observation.image"] and policy.config.image_size == 32
+    # The vocabulary comes from the dataset's instructions.
+    from embodied.datasets import LeRobotDataset
+    from embodied.policies.vision import build_vocab
+
+    assert policy.config.vocab == build_vocab(LeRobotDataset(root).tasks)
+    assert "button" in policy.config.vocab
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_checkpoint(
+    drawer_states: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embodied.policies.mlp import MLPPolicy
+
+    real = MLPPolicy.bc_loss
+    calls = {"n": 0}
+
+    def flaky(self, batch):
+        calls["n"] += 1
+        loss = real(self, batch)
+        return loss * float("nan") if calls["n"] == 13 else loss
+
+    monkeypatch.setattr(MLPPolicy, "bc_loss", flaky)
+    cfg = _mlp_config(drawer_states, tmp_path, steps=30, save_every=10, eval_episodes=0)
+    with pytest.raises(FloatingPointError, match="non-finite BC loss at step 12.*step-0000010"):
+        train_bc(cfg)

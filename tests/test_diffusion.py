@@ -1,0 +1,339 @@
+"""Diffusion Policy planner: shapes, DPPO log-probabilities, BC training, save/load, bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from diffusers import DDIMScheduler
+
+from embodied.policies.base import Policy
+from embodied.policies.diffusion import DiffusionConfig, DiffusionPolicy
+from embodied.policies.vision import InstructionEncoder, build_vocab
+
+INSTRUCTIONS = ["Pick the red cube", "open the drawer", "pick the BLUE cube", ""]
+STATS = {
+    "observation.state": {"mean": np.array([0.5, -1.0, 2.0]), "std": np.array([2.0, 0.5, 1.0])},
+    "action": {"min": np.array([-2.0, 0.0]), "max": np.array([3.0, 0.5])},
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small convolutions are fastest single-threaded (and results do not depend on threads)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_config(**overrides) -> DiffusionConfig:
+    """A policy small enough for CPU tests: one 32 px camera, horizon 8, 5 DDIM steps."""
+    values = dict(
+        state_dim=3,
+        action_dim=2,
+        image_keys=["observation.image"],
+        image_size=32,
+        n_obs_steps=2,
+        horizon=8,
+        n_action_steps=4,
+        vocab=build_vocab(INSTRUCTIONS[:2]),
+        embed_dim=16,
+        down_dims=[16, 32],
+        vision_channels=[8, 16],
+        num_keypoints=8,
+        num_train_timesteps=20,
+        num_inference_steps=5,
+        finetune_steps=3,
+    )
+    values.update(overrides)
+    return DiffusionConfig(**values)
+
+
+def tiny_policy(**overrides) -> DiffusionPolicy:
+    torch.manual_seed(0)
+    return DiffusionPolicy(tiny_config(**overrides)).fit_normalizers(STATS)
+
+
+def observations(batch: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "observation.state": torch.randn(batch, 2, 3, generator=g),
+        "observation.image": torch.randint(0, 256, (batch, 2, 32, 32, 3), generator=g).to(
+            torch.uint8
+        ),
+    }
+
+
+def test_act_shapes_range_and_reproducibility():
+    policy = tiny_policy()
+    obs = observations()
+    out = policy.act(obs, INSTRUCTIONS, generator=torch.Generator().manual_seed(1))
+    assert out.actions.shape == (4, 4, 2)
+    assert out.log_prob.shape == (4,) and torch.isfinite(out.log_prob).all()
+    assert out.policy_outputs["chain"].shape == (4, 3 + 1, 8, 2)
+    assert out.policy_outputs["timesteps"].tolist() == [[8, 4, 0]] * 4  # last 3 of 16,12,8,4,0
+    torch.testing.assert_close(out.policy_outputs["log_probs"].sum(1), out.log_prob)
+    low, high = torch.tensor([-2.0, 0.0]), torch.tensor([3.0, 0.5])
+    assert ((out.actions >= low - 1e-6) & (out.actions <= high + 1e-6)).all()
+    # The executed slice starts at the newest observation: horizon index n_obs_steps - 1.
+    executed = policy.action_normalizer.unnormalize(out.policy_outputs["chain"][:, -1, 1:5])
+    torch.testing.assert_close(out.actions, executed.clamp(min=low, max=high))
+
+    same = policy.act(obs, INSTRUCTIONS, generator=torch.Generator().manual_seed(1))
+    other = policy.act(obs, INSTRUCTIONS, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(same.actions, out.actions, rtol=0, atol=0)
+    assert not torch.allclose(other.actions, out.actions)
+    first = policy.act(obs, INSTRUCTIONS, deterministic=True)
+    second = policy.act(obs, INSTRUCTIONS, deterministic=True)
+    torch.testing.assert_close(first.actions, second.actions, rtol=0, atol=0)
+
+
+def test_state_only_policy_acts():
+    policy = tiny_policy(image_keys=[], finetune_steps=None)
+    obs = {"observation.state": observations()["observation.state"]}
+    out = policy.act(obs, INSTRUCTIONS)
+    assert out.actions.shape == (4, 4, 2)
+    assert out.policy_outputs["chain"].shape == (4, 5 + 1, 8, 2)  # finetune_steps = all 5
+
+
+def test_denoising_step_matches_diffusers_ddim():
+    policy = tiny_policy()
+    obs = observations()
+    cond = policy.global_cond(policy.model, obs, INSTRUCTIONS)
+    scheduler = DDIMScheduler(
+        num_train_timesteps=20, beta_schedule="squaredcos_cap_v2", clip_sample=True
+    )
+    scheduler.set_timesteps(5)
+    x = 1.5 * torch.randn(4, 8, 2, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for t in scheduler.timesteps:
+            eps = policy.model.unet(x, t.expand(4), cond)
+            for eta in (0.0, 1.0):
+                ours, sigma = policy.denoise_step(policy.model, x, t.expand(4), cond, eta=eta)
+                theirs = scheduler.step(
+                    eps, t, x, eta=eta, use_clipped_model_output=True,
+                    variance_noise=torch.zeros_like(x),
+                ).prev_sample  # fmt: skip
+                torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+                expected_sigma = eta * scheduler._get_variance(t, t - 4).sqrt()
+                torch.testing.assert_close(sigma[0, 0, 0], expected_sigma.float())
+
+
+def test_dppo_log_prob_recomputes_and_has_gradients():
+    policy = tiny_policy()
+    obs = observations()
+    out = policy.act(obs, INSTRUCTIONS, generator=torch.Generator().manual_seed(0))
+    log_probs = policy.log_prob(obs, INSTRUCTIONS, out.policy_outputs)
+    assert log_probs.shape == (4, 3)
+    torch.testing.assert_close(log_probs.sum(1), out.log_prob, atol=1e-4, rtol=0)
+    torch.testing.assert_close(log_probs, out.policy_outputs["log_probs"], atol=1e-4, rtol=0)
+
+    # The last step has DDIM sigma 0, so its std is the floor: its log-density is at most
+    # -H*A*(log(min_std) + log(2 pi)/2) (x_prev = mean) and it is exactly Gaussian around the mean.
+    bound = -16 * (np.log(0.1) + 0.5 * np.log(2 * np.pi))
+    assert (out.policy_outputs["log_probs"][:, -1] <= bound + 1e-4).all()
+
+    log_probs.sum().backward()
+    model = policy.model
+    for name, params in {
+        "unet": model.unet.parameters(),
+        "image encoder": model.image_encoders.parameters(),
+        "instruction embedding": model.instruction_encoder.parameters(),
+    }.items():
+        grads = [p.grad for p in params]
+        assert all(g is not None for g in grads), name
+        assert sum(float(g.abs().sum()) for g in grads) > 0, name
+    assert all(p.grad is None for p in policy.ema_model.parameters())
+
+
+def test_log_prob_rejects_a_wrong_chain():
+    policy = tiny_policy()
+    obs = observations()
+    out = policy.act(obs, INSTRUCTIONS)
+    bad = dict(out.policy_outputs, chain=out.policy_outputs["chain"][:, :, :4])
+    with pytest.raises(ValueError, match=r"\(4, 4, 4, 2\).*\(4, 4, 8, 2\)"):
+        policy.log_prob(obs, INSTRUCTIONS, bad)
+
+
+@pytest.mark.parametrize(("prediction_type", "steps"), [("sample", 50), ("epsilon", 150)])
+def test_bc_loss_decreases_and_actions_fit(prediction_type: str, steps: int):
+    torch.manual_seed(0)
+    config = tiny_config(image_keys=[], prediction_type=prediction_type, finetune_steps=None)
+    policy = DiffusionPolicy(config)
+    g = torch.Generator().manual_seed(1)
+    state = torch.rand(16, 2, 3, generator=g) * 2 - 1
+    ramp = (torch.arange(8.0) / 8)[None, :, None]  # actions: a deterministic function of state
+    actions = torch.tanh(1.5 * state[:, -1:, :2]) * (1 - ramp) + 0.5 * ramp * state[:, -1:, 2:]
+    batch = {
+        "observation.state": state,
+        "action": actions,
+        "action_is_pad": torch.zeros(16, 8, dtype=torch.bool),
+        "instruction": ["push the block"] * 16,
+    }
+    flat_state, flat_action = state.reshape(-1, 3), actions.reshape(-1, 2)
+    policy.fit_normalizers(
+        {
+            "observation.state": {"mean": flat_state.mean(0), "std": flat_state.std(0)},
+            "action": {"min": flat_action.min(0).values, "max": flat_action.max(0).values},
+        }
+    )
+    optimizer = torch.optim.Adam(policy.model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(steps):
+        loss = policy.bc_loss(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
+    target = actions[:, 1:5]
+    predicted = policy.act(batch, batch["instruction"], deterministic=True).actions
+    error = (predicted - target).abs().mean().item()
+    spread = (target - target.mean(0)).abs().mean().item()  # error of the best constant
+    assert error < (0.1 if prediction_type == "sample" else 0.5 * spread), (error, spread)
+
+
+def test_bc_loss_is_the_masked_noise_mse():
+    policy = tiny_policy()
+    obs = observations()
+    pad = torch.zeros(4, 8, dtype=torch.bool)
+    pad[:, 6:] = True
+    actions = torch.rand(4, 8, 2) * torch.tensor([5.0, 0.5]) + torch.tensor([-2.0, 0.0])
+    batch = {**obs, "action": actions, "action_is_pad": pad, "instruction": INSTRUCTIONS}
+    torch.manual_seed(5)
+    loss = policy.bc_loss(batch)
+    # By hand, drawing the same noise and timesteps: x_t = sqrt(abar) x_0 + sqrt(1 - abar) eps.
+    torch.manual_seed(5)
+    x0 = policy.action_normalizer.normalize(actions)
+    noise = torch.randn_like(x0)
+    t = torch.randint(0, 20, (4,))
+    abar = policy.alphas_cumprod[t].view(-1, 1, 1)
+    x_t = abar.sqrt() * x0 + (1 - abar).sqrt() * noise
+    cond = policy.global_cond(policy.model, obs, INSTRUCTIONS)
+    error = (policy.model.unet(x_t, t, cond) - noise) ** 2
+    torch.testing.assert_close(loss, error[:, :6].mean())
+
+
+def test_ema_update_formula_and_context():
+    policy = tiny_policy()
+    live, ema = policy.model.unet.final[1].bias, policy.ema_model.unet.final[1].bias
+    before = ema.detach().clone()
+    with torch.no_grad():
+        live.add_(1.0)
+    policy.ema_update()  # first update: decay = min(0.995, 1 / 10) = 0.1
+    torch.testing.assert_close(ema, 0.1 * before + 0.9 * live.detach())
+    assert int(policy.ema_steps) == 1
+    obs = observations()
+    with policy.ema_weights():
+        assert policy.use_ema
+        with_ema = policy.act(obs, INSTRUCTIONS, deterministic=True).actions
+    assert not policy.use_ema
+    assert not torch.allclose(with_ema, policy.act(obs, INSTRUCTIONS, deterministic=True).actions)
+
+
+def test_save_and_load_in_a_fresh_process(tmp_path: Path):
+    policy = tiny_policy()
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.01)  # EMA now differs from the live weights
+    policy.ema_update()
+    directory = policy.save_pretrained(tmp_path / "policy")
+    obs = observations()
+    np.savez(tmp_path / "obs.npz", **{k: v.numpy() for k, v in obs.items()})
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, torch
+        torch.set_num_threads(1)
+        import embodied.policies.diffusion  # registers "diffusion"
+        from embodied.policies.base import Policy
+        policy = Policy.from_pretrained({str(directory)!r})
+        obs = {{k: torch.from_numpy(v) for k, v in np.load({str(tmp_path / "obs.npz")!r}).items()}}
+        out = policy.act(obs, {INSTRUCTIONS!r}, generator=torch.Generator().manual_seed(7))
+        np.save({str(tmp_path / "actions.npy")!r}, out.actions.numpy())
+        with policy.ema_weights():
+            ema = policy.act(obs, {INSTRUCTIONS!r}, deterministic=True).actions
+        np.save({str(tmp_path / "ema.npy")!r}, ema.numpy())
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    out = policy.act(obs, INSTRUCTIONS, generator=torch.Generator().manual_seed(7))
+    np.testing.assert_allclose(np.load(tmp_path / "actions.npy"), out.actions.numpy(), atol=1e-6)
+    with policy.ema_weights():
+        ema = policy.act(obs, INSTRUCTIONS, deterministic=True).actions
+    np.testing.assert_allclose(np.load(tmp_path / "ema.npy"), ema.numpy(), atol=1e-6)
+    assert not np.allclose(ema.numpy(), policy.act(obs, INSTRUCTIONS, deterministic=True).actions)
+
+    loaded = Policy.from_pretrained(directory)
+    assert isinstance(loaded, DiffusionPolicy) and loaded.config == policy.config
+    torch.testing.assert_close(loaded.action_normalizer.scale, policy.action_normalizer.scale)
+
+
+def test_config_that_does_not_match_the_weights(tmp_path: Path):
+    directory = tiny_policy().save_pretrained(tmp_path / "policy")
+    config = json.loads((directory / "config.json").read_text())
+    config["state_dim"] = 4
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="but the config builds") as error:
+        Policy.from_pretrained(directory)
+    match = re.search(r"has shape (\(.*?\)) but the config builds (\(.*?\))", str(error.value))
+    assert match is not None and match.group(1) != match.group(2)  # both shapes, and they differ
+
+
+def test_bad_observations_name_key_and_shapes():
+    policy = tiny_policy()
+    obs = observations()
+    small = dict(obs, **{"observation.image": obs["observation.image"][:, :, :16, :16]})
+    with pytest.raises(ValueError, match=r"'observation.image'.*\(4, 2, 16, 16, 3\).*32, 32, 3"):
+        policy.act(small, INSTRUCTIONS)
+    wrong_state = dict(obs, **{"observation.state": torch.zeros(4, 2, 5)})
+    with pytest.raises(ValueError, match=r"'observation.state'.*\(4, 2, 5\).*\(B, 2, 3\)"):
+        policy.act(wrong_state, INSTRUCTIONS)
+    with pytest.raises(ValueError, match="observation.image"):
+        policy.act({"observation.state": obs["observation.state"]}, INSTRUCTIONS)
+    with pytest.raises(ValueError, match="instructions"):
+        policy.act(obs, INSTRUCTIONS[:2])
+
+
+def test_normalizer_round_trip():
+    policy = tiny_policy()
+    actions = torch.tensor([[-2.0, 0.0], [3.0, 0.5], [0.5, 0.25]])
+    normalised = policy.action_normalizer.normalize(actions)
+    torch.testing.assert_close(normalised[:2], torch.tensor([[-1.0, -1.0], [1.0, 1.0]]))
+    torch.testing.assert_close(policy.action_normalizer.unnormalize(normalised), actions)
+    state = torch.tensor([[0.5, -1.0, 2.0], [2.5, -0.5, 3.0]])
+    torch.testing.assert_close(
+        policy.state_normalizer.normalize(state), torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    )
+    with pytest.raises(ValueError, match="action"):
+        policy.fit_normalizers({"observation.state": STATS["observation.state"]})
+
+
+def test_instruction_encoder_vocabulary_and_padding():
+    vocab = build_vocab(["Pick the red cube.", "open the drawer"])
+    assert vocab == ["<unk>", "cube", "drawer", "open", "pick", "red", "the"]
+    encoder = InstructionEncoder(vocab, 8)
+    ids, mask = encoder.tokenize(["PICK the green cube", "open"])
+    assert ids.tolist() == [[4, 6, 0, 1], [3, 0, 0, 0]]  # "green" is unknown -> 0
+    assert mask.tolist() == [[True] * 4, [True, False, False, False]]
+    embeddings = encoder(["pick the green cube", "open", ""])
+    torch.testing.assert_close(embeddings[1], encoder.embedding.weight[3])  # padding ignored
+    torch.testing.assert_close(embeddings[2], torch.zeros(8))
+    torch.testing.assert_close(embeddings[0], encoder.embedding.weight[[4, 6, 0, 1]].mean(0))
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="horizon"):
+        tiny_config(horizon=6, down_dims=[16, 32, 64])
+    with pytest.raises(ValueError, match="finetune_steps"):
+        tiny_config(finetune_steps=6)
+    with pytest.raises(ValueError, match="n_action_steps"):
+        tiny_config(n_action_steps=8)
+    assert json.loads(json.dumps(tiny_config().__dict__))["finetune_steps"] == 3
