@@ -114,8 +114,7 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
     bar = progress(total=cfg.episodes, desc=f"collect {cfg.task}")
     try:
         with writer:
-            suite = "metaworld" if cfg.task.startswith("metaworld/") else "tabletop"
-            for traj in rollout_vector(vec, act, seeds, suite, step_limits):
+            for traj in rollout_vector(vec, act, seeds, sims.suite_of(cfg.task), step_limits):
                 writer.add_episode(traj)
                 successes += traj.success
                 frames += traj.length + 1

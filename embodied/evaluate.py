@@ -27,7 +27,10 @@ class EvalResult:
 
 
 def env_kwargs_for_features(features: dict[str, Any]) -> dict[str, Any]:
-    """Env options that reproduce a dataset's observation features (cameras, size, state)."""
+    """Env options that reproduce a dataset's observation features (cameras, size, state).
+
+    A single ``observation.image`` recorded no camera name: the env's default camera (tabletop
+    ``front``, Meta-World ``corner2``) is the one that produced it, so no camera is passed."""
     single = "observation.image" in features
     cameras = [k.split(".", 2)[2] for k in features if k.startswith("observation.images.")]
     image_keys = ["observation.image"] if single else [f"observation.images.{c}" for c in cameras]
@@ -35,11 +38,13 @@ def env_kwargs_for_features(features: dict[str, Any]) -> dict[str, Any]:
     if not image_keys:
         return {"obs_mode": "state"}
     height, width = features[image_keys[0]]["shape"][:2]
-    return {
+    kwargs: dict[str, Any] = {
         "obs_mode": "pixels_state" if has_state else "pixels",
-        "cameras": ["front"] if single else cameras,
         "image_size": (int(height), int(width)),
     }
+    if not single:
+        kwargs["cameras"] = cameras
+    return kwargs
 
 
 def evaluate_policy(
@@ -62,7 +67,8 @@ def evaluate_policy(
     policy.eval()
     try:
         actor = PolicyActor(policy, workers, n_obs_steps=n_obs_steps, deterministic=True, seed=seed)
-        trajs = list(rollout_vector(vec, actor, [seed + e for e in range(episodes)], "tabletop"))
+        seeds = [seed + e for e in range(episodes)]
+        trajs = list(rollout_vector(vec, actor, seeds, sims.suite_of(task)))
     finally:
         vec.close()
         policy.train(was_training)

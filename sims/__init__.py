@@ -18,6 +18,7 @@ from embodied.sims.registry import (  # noqa: E402
     list_tasks,
     make,
     make_expert,
+    suite_of,
     task_id,
 )
 from embodied.sims.vector import grouped_seeds, make_vec_env  # noqa: E402
@@ -29,5 +30,6 @@ __all__ = [
     "make",
     "make_expert",
     "make_vec_env",
+    "suite_of",
     "task_id",
 ]

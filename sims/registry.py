@@ -43,6 +43,11 @@ def _register() -> None:
 _register()
 
 
+def suite_of(task: str) -> str:
+    """The suite of a task name: ``metaworld`` for ``metaworld/<name>``, else ``tabletop``."""
+    return "metaworld" if task.startswith(METAWORLD_PREFIX) else "tabletop"
+
+
 def list_tasks(suite: str = "tabletop") -> list[str]:
     """Task names of a suite: ``tabletop`` (built in) or ``metaworld`` (needs the extra)."""
     if suite == "tabletop":

@@ -120,3 +120,25 @@ def test_bench_collect_reports_throughput_against_one_worker(capsys) -> None:
     (row,) = json.loads(capsys.readouterr().out)
     assert row["workers"] == 1 and row["baseline"] == "1 worker(s)" and row["speedup"] == 1.0
     assert row["episodes_per_min"] > 0 and row["frames_per_s"] > row["episodes_per_min"] / 60
+
+
+def test_suite_and_eval_env_options_follow_the_dataset() -> None:
+    from embodied.evaluate import env_kwargs_for_features
+
+    assert sims.suite_of("metaworld/reach-v3") == "metaworld"
+    assert sims.suite_of("PickPlace") == "tabletop"
+    image = {"dtype": "video", "shape": [64, 64, 3]}
+    single = {"observation.state": {}, "observation.image": image}
+    # One unnamed image: the env's default camera made it (works for Meta-World's too).
+    assert env_kwargs_for_features(single) == {"obs_mode": "pixels", "image_size": (64, 64)}
+    two = {
+        "observation.images.front": image,
+        "observation.images.wrist": image,
+        "observation.environment_state": {},
+    }
+    assert env_kwargs_for_features(two) == {
+        "obs_mode": "pixels_state",
+        "image_size": (64, 64),
+        "cameras": ["front", "wrist"],
+    }
+    assert env_kwargs_for_features({"observation.state": {}}) == {"obs_mode": "state"}
