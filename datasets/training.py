@@ -23,11 +23,23 @@ def _is_observation(key: str) -> bool:
 
 
 class _EpisodeCache:
-    """Per-frame columns of episodes, decoded on first use and kept (``cache_size`` episodes)."""
+    """Per-frame columns of episodes, decoded on first use and kept: all of them when
+    ``cache_size`` is None (a tabletop dataset fits in memory; random batches then never decode a
+    video twice), else the ``cache_size`` most recent. ``keys`` limits the features decoded."""
 
-    def __init__(self, dataset: LeRobotDataset, cache_size: int) -> None:
+    def __init__(
+        self, dataset: LeRobotDataset, cache_size: int | None, keys: Sequence[str] | None = None
+    ) -> None:
         self.dataset = dataset
-        self.frames = functools.lru_cache(maxsize=cache_size)(dataset.episode_frames)
+        if keys is not None:
+            keys = list(dict.fromkeys([*keys, "action", "task_index"]))
+            unknown = [k for k in keys if k not in dataset.features]
+            if unknown:
+                raise ValueError(
+                    f"dataset has no features {unknown}; it has {list(dataset.features)}"
+                )
+        load = functools.partial(dataset.episode_frames, keys=keys)
+        self.frames = functools.lru_cache(maxsize=cache_size)(load)
 
     def instruction(self, frames: dict[str, np.ndarray]) -> str:
         return self.dataset.tasks[int(frames["task_index"][0])]
@@ -40,6 +52,7 @@ class BCDataset(Dataset):
     ``t-n_obs_steps+1 .. t-n_obs_steps+horizon``; indices before the episode start repeat the
     first frame, indices past the last real action repeat it, and ``action_is_pad`` marks both
     (as LeRobot does), so a loss can mask them. Items are dicts of tensors plus the instruction.
+    ``keys`` names the observation features to load (default all; a policy's ``input_keys``).
     """
 
     def __init__(
@@ -48,7 +61,8 @@ class BCDataset(Dataset):
         n_obs_steps: int = 2,
         horizon: int = 16,
         episodes: Sequence[int] | None = None,
-        cache_size: int = 64,
+        cache_size: int | None = None,
+        keys: Sequence[str] | None = None,
     ) -> None:
         if n_obs_steps < 1 or horizon < n_obs_steps:
             raise ValueError(
@@ -56,7 +70,7 @@ class BCDataset(Dataset):
                 f"horizon={horizon}"
             )
         self.n_obs_steps, self.horizon = n_obs_steps, horizon
-        self.cache = _EpisodeCache(dataset, cache_size)
+        self.cache = _EpisodeCache(dataset, cache_size, keys)
         self.episodes = list(range(dataset.num_episodes)) if episodes is None else list(episodes)
         lengths = dataset.episode_lengths()
         # One sample per real action step t (frames 0..T-1; frame T holds the final observation).
@@ -102,7 +116,7 @@ class RewardDataset(Dataset):
         label_key: str = "progress.label",
         image_key: str | None = None,
         episodes: Sequence[int] | None = None,
-        cache_size: int = 64,
+        cache_size: int | None = None,
     ) -> None:
         if label_key not in dataset.features:
             raise ValueError(

@@ -223,6 +223,117 @@ def bench_collect(
     ]
 
 
+@dataclass
+class PolicyRow:
+    """Sampling speed of one policy at one batch size, against DDIM-10 diffusion at that size."""
+
+    policy: str
+    batch: int
+    decisions_per_s: float
+    actions_per_s: float  # decisions/s x batch x actions per chunk
+    baseline: str
+    speedup: float  # this actions/s / baseline actions/s
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON output."""
+        return asdict(self)
+
+
+# (label, policy type, config overrides): the figures issue 4 asks for, at tabletop shapes.
+POLICY_VARIANTS = (
+    ("diffusion DDIM-10", "diffusion", {"num_inference_steps": 10}),
+    ("flow Euler-4", "flow", {"num_inference_steps": 4}),
+    ("flow Euler-1", "flow", {"num_inference_steps": 1}),
+    ("vla decoding", "vla", {}),
+    ("mlp gaussian", "mlp", {}),
+)
+
+
+def tabletop_features(image_size: int) -> dict[str, dict[str, Any]]:
+    """Dataset features of a tabletop recording (one camera, agent_pos, 4-D actions)."""
+    return {
+        "observation.image": {"dtype": "video", "shape": [image_size, image_size, 3]},
+        "observation.state": {"dtype": "float32", "shape": [4]},
+        "action": {"dtype": "float32", "shape": [4]},
+    }
+
+
+def _random_observation(policy: Any, batch: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A batch ``[B, n_obs, ...]`` of every feature ``policy`` reads (uint8 images)."""
+    import torch
+
+    config = policy.config
+    n_obs = getattr(config, "n_obs_steps", 1)
+    obs = {}
+    for key in policy.input_keys() or ["observation.state"]:
+        if key.startswith("observation.image"):
+            size = config.image_size
+            shape = (batch, n_obs, size, size, 3)
+            obs[key] = torch.from_numpy(rng.integers(0, 256, shape, dtype=np.uint8))
+        else:
+            dim = config.state_dim if key == "observation.state" else config.env_state_dim
+            obs[key] = torch.from_numpy(rng.normal(size=(batch, n_obs, dim)).astype(np.float32))
+    return obs
+
+
+def bench_policy(
+    image_size: int = 64,
+    batches: tuple[int, ...] = (1, 16),
+    decisions: int = 5,
+    repeats: int = 5,
+    policy_dirs: tuple[str, ...] = (),
+    progress: Any = None,
+) -> list[PolicyRow]:
+    """Decisions/s and actions/s of ``act`` (sampling, as in RL rollouts) for each policy type
+    at tabletop shapes, untrained weights, plus any saved policies in ``policy_dirs``."""
+    import torch
+
+    import embodied.policies  # noqa: F401  (registers the policy types)
+    from embodied.policies.base import POLICIES, Policy
+
+    features = tabletop_features(image_size)
+    tasks = ["reach the red block", "push the blue block onto the green plate"]
+    policies: list[tuple[str, Any]] = []
+    for label, kind, overrides in POLICY_VARIANTS:
+        if kind in POLICIES:
+            cls = POLICIES[kind]
+            config = cls.config_from_dataset(features, tasks, **overrides)
+            policies.append((label, cls(config).eval()))
+    for directory in policy_dirs:
+        policies.append((str(directory), Policy.from_pretrained(directory).eval()))
+
+    rng = np.random.default_rng(0)
+    rates: dict[tuple[str, int], tuple[float, float]] = {}
+    for label, policy in policies:
+        for batch in batches:
+            if progress is not None:
+                progress(f"policy {label} at batch {batch}")
+            obs = _random_observation(policy, batch, rng)
+            instructions = [tasks[i % len(tasks)] for i in range(batch)]
+            generator = torch.Generator().manual_seed(0)
+            chunk = policy.act(obs, instructions, generator=generator).actions.shape[1]
+
+            def run(n: int, policy: Any = policy, obs: Any = obs, text: Any = instructions) -> None:
+                with torch.no_grad():
+                    for _ in range(n):
+                        policy.act(obs, text, generator=generator)  # noqa: B023 (used at once)
+
+            per_s = _median_rate(run, decisions, repeats)
+            rates[label, batch] = (per_s, per_s * batch * chunk)
+    base = POLICY_VARIANTS[0][0]
+    return [
+        PolicyRow(
+            label,
+            batch,
+            decisions_per_s,
+            actions_per_s,
+            f"{base} (batch {batch})",
+            actions_per_s / rates[base, batch][1] if (base, batch) in rates else float("nan"),
+        )
+        for (label, batch), (decisions_per_s, actions_per_s) in rates.items()
+    ]
+
+
 def format_table(rows: list[Any]) -> str:
     """Fixed-width text table of bench rows (dataclasses with ``as_dict``)."""
     dicts = [r.as_dict() for r in rows]

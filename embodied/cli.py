@@ -143,6 +143,20 @@ def _cmd_bench_collect(args: argparse.Namespace) -> int:
     return _print_rows(rows, args.json)
 
 
+def _cmd_bench_policy(args: argparse.Namespace) -> int:
+    from embodied.bench import bench_policy
+
+    rows = bench_policy(
+        image_size=args.image_size,
+        batches=tuple(args.batches),
+        decisions=args.decisions,
+        repeats=args.repeats,
+        policy_dirs=tuple(args.policy),
+        progress=_bench_note(args),
+    )
+    return _print_rows(rows, args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = argparse.ArgumentParser(
@@ -218,6 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
     coll.add_argument("--image-size", type=int, default=96)
     coll.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
     coll.set_defaults(func=_cmd_bench_collect)
+    pol = bench_sub.add_parser("policy", help="policy sampling: decisions/s and actions/s")
+    pol.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pol.add_argument("--image-size", type=int, default=64)
+    pol.add_argument("--batches", nargs="+", type=int, default=[1, 16])
+    pol.add_argument("--decisions", type=int, default=5, help="act() calls per timed run")
+    pol.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
+    pol.add_argument("--policy", nargs="*", default=[], help="saved policy dirs to add")
+    pol.set_defaults(func=_cmd_bench_policy)
     return parser
 
 

@@ -8,16 +8,22 @@ imports only the core (``embodied.types``, ``embodied.io``), torch, numpy and mo
 
 from embodied.policies.base import POLICIES, Normalizer, Policy, make_policy, register_policy
 from embodied.policies.diffusion import DiffusionConfig, DiffusionPolicy
+from embodied.policies.flow import FlowConfig, FlowPolicy
 from embodied.policies.mlp import MLPConfig, MLPPolicy
+from embodied.policies.vla import VLAConfig, VLAPolicy
 
 __all__ = [
     "POLICIES",
     "DiffusionConfig",
     "DiffusionPolicy",
+    "FlowConfig",
+    "FlowPolicy",
     "MLPConfig",
     "MLPPolicy",
     "Normalizer",
     "Policy",
+    "VLAConfig",
+    "VLAPolicy",
     "make_policy",
     "register_policy",
 ]

@@ -131,6 +131,11 @@ class Policy(nn.Module, abc.ABC):
     def fit_normalizers(self, stats: Mapping[str, Mapping[str, Any]]) -> Policy:
         """Set the normalisation buffers from ``embodied.datasets.training.normalization_stats``."""
 
+    def input_keys(self) -> list[str] | None:
+        """The observation features the policy reads (what a training dataset must decode);
+        None = all of them."""
+        return None
+
     @property
     def device(self) -> torch.device:
         """Where the parameters live."""

@@ -69,6 +69,7 @@ from embodied.policies.vision import UNKNOWN_WORD, ImageEncoder, InstructionEnco
 from embodied.types import ActionOutput
 
 STATE_KEY = "observation.state"
+ENV_STATE_KEY = "observation.environment_state"
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -82,6 +83,7 @@ class DiffusionConfig:
         default_factory=list
     )  # e.g. ["observation.image"]; [] = state only
     image_size: int = 96
+    env_state_dim: int = 0  # > 0: also condition on the privileged ``environment_state``
     n_obs_steps: int = 2
     horizon: int = 16
     n_action_steps: int = 8
@@ -92,6 +94,7 @@ class DiffusionConfig:
     n_groups: int = 8
     vision_channels: list[int] = field(default_factory=lambda: [32, 64, 128])
     num_keypoints: int = 32
+    cond_mlp_dims: list[int] = field(default_factory=list)  # MLP on the conditioning; [] = none
     num_train_timesteps: int = 100
     num_inference_steps: int = 10
     beta_schedule: str = "squaredcos_cap_v2"
@@ -107,11 +110,13 @@ class DiffusionConfig:
         self.vocab = list(self.vocab)
         self.down_dims = list(self.down_dims)
         self.vision_channels = list(self.vision_channels)
+        self.cond_mlp_dims = list(self.cond_mlp_dims)
         if self.finetune_steps is None:
             self.finetune_steps = self.num_inference_steps
         for name, low in (
             ("state_dim", 1),
             ("action_dim", 1),
+            ("env_state_dim", 0),
             ("image_size", 8),
             ("n_obs_steps", 1),
             ("n_action_steps", 1),
@@ -123,48 +128,50 @@ class DiffusionConfig:
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:
-                raise ValueError(f"DiffusionConfig.{name} must be an int >= {low}, got {value!r}")
+                raise ValueError(
+                    f"{type(self).__name__}.{name} must be an int >= {low}, got {value!r}"
+                )
         if self.n_obs_steps - 1 + self.n_action_steps > self.horizon:
             raise ValueError(
-                f"DiffusionConfig needs n_obs_steps - 1 + n_action_steps <= horizon, got "
+                f"{type(self).__name__} needs n_obs_steps - 1 + n_action_steps <= horizon, got "
                 f"{self.n_obs_steps} - 1 + {self.n_action_steps} > {self.horizon}"
             )
         if self.embed_dim % 2:
-            raise ValueError(f"DiffusionConfig.embed_dim must be even, got {self.embed_dim}")
+            raise ValueError(f"{type(self).__name__}.embed_dim must be even, got {self.embed_dim}")
         if not self.down_dims or any(d % self.n_groups for d in self.down_dims):
             raise ValueError(
-                f"DiffusionConfig.down_dims must be non-empty multiples of n_groups="
+                f"{type(self).__name__}.down_dims must be non-empty multiples of n_groups="
                 f"{self.n_groups}, got {self.down_dims}"
             )
         if self.horizon % 2 ** (len(self.down_dims) - 1):
             raise ValueError(
-                f"DiffusionConfig.horizon={self.horizon} must be divisible by "
+                f"{type(self).__name__}.horizon={self.horizon} must be divisible by "
                 f"2 ** (len(down_dims) - 1) = {2 ** (len(self.down_dims) - 1)}"
             )
         if self.num_inference_steps > self.num_train_timesteps:
             raise ValueError(
-                f"DiffusionConfig.num_inference_steps={self.num_inference_steps} exceeds "
+                f"{type(self).__name__}.num_inference_steps={self.num_inference_steps} exceeds "
                 f"num_train_timesteps={self.num_train_timesteps}"
             )
         if self.finetune_steps > self.num_inference_steps:
             raise ValueError(
-                f"DiffusionConfig.finetune_steps={self.finetune_steps} exceeds "
+                f"{type(self).__name__}.finetune_steps={self.finetune_steps} exceeds "
                 f"num_inference_steps={self.num_inference_steps}"
             )
         if self.prediction_type not in ("epsilon", "sample"):
             raise ValueError(
-                f"DiffusionConfig.prediction_type must be 'epsilon' or 'sample', "
+                f"{type(self).__name__}.prediction_type must be 'epsilon' or 'sample', "
                 f"got {self.prediction_type!r}"
             )
         for key in self.image_keys:
             if not key.startswith("observation.image"):
                 raise ValueError(
-                    f"DiffusionConfig.image_keys: {key!r} is not 'observation.image' or "
+                    f"{type(self).__name__}.image_keys: {key!r} is not 'observation.image' or "
                     "'observation.images.<camera>'"
                 )
         if not 0.0 < self.ema_decay < 1.0 or self.min_std <= 0 or self.ddim_eta < 0:
             raise ValueError(
-                "DiffusionConfig needs 0 < ema_decay < 1, min_std > 0, ddim_eta >= 0; got "
+                f"{type(self).__name__} needs 0 < ema_decay < 1, min_std > 0, ddim_eta >= 0; got "
                 f"{self.ema_decay}, {self.min_std}, {self.ddim_eta}"
             )
 
@@ -310,10 +317,19 @@ class DiffusionNet(nn.Module):
         )
         self.instruction_encoder = InstructionEncoder(config.vocab, config.embed_dim)
         per_step = len(config.image_keys) * config.embed_dim + config.state_dim
-        self.global_cond_dim = config.n_obs_steps * per_step + config.embed_dim
+        per_step += config.env_state_dim
+        width = config.n_obs_steps * per_step + config.embed_dim
+        # Optional MLP mixing the instruction with the observations (an instruction that picks
+        # one object of several needs a product of the two, which FiLM's affine map lacks).
+        layers: list[nn.Module] = []
+        for size in config.cond_mlp_dims:
+            layers += [nn.Linear(width, size), nn.Mish()]
+            width = size
+        self.cond_mlp = nn.Sequential(*layers)
+        self.global_cond_dim = width  # the size of ``DiffusionPolicy.global_cond``'s output
         self.unet = ConditionalUnet1D(
             config.action_dim,
-            self.global_cond_dim,
+            width,
             config.embed_dim,
             config.down_dims,
             config.kernel_size,
@@ -331,11 +347,20 @@ class DiffusionPolicy(Policy):
     def __init__(self, config: DiffusionConfig) -> None:
         super().__init__(config)
         self.state_normalizer = Normalizer(config.state_dim, "mean_std")
+        self.env_state_normalizer = (
+            Normalizer(config.env_state_dim, "mean_std") if config.env_state_dim > 0 else None
+        )
         self.action_normalizer = Normalizer(config.action_dim, "min_max")
         self.model = DiffusionNet(config)
         self.ema_model = copy.deepcopy(self.model).requires_grad_(False)
         self.register_buffer("ema_steps", torch.zeros((), dtype=torch.long))
         self.use_ema = False  # act / log_prob with the EMA weights (evaluation after BC)
+        self.build_sampler()
+
+    def build_sampler(self) -> None:
+        """DDPM training noise and the DDIM timesteps/``abar`` buffers (a flow variant overrides
+        this with its own integrator)."""
+        config = self.config
         self.noise_scheduler = DDPMScheduler(
             num_train_timesteps=config.num_train_timesteps,
             beta_schedule=config.beta_schedule,
@@ -385,18 +410,28 @@ class DiffusionPolicy(Policy):
         }
         if sizes:
             values["image_size"] = int(sizes.pop())
+        if ENV_STATE_KEY in features:
+            values["env_state_dim"] = int(features[ENV_STATE_KEY]["shape"][-1])
         if horizon is not None:
             values["horizon"] = horizon
-        return DiffusionConfig(**{**values, **overrides})
+        return cls.config_class(**{**values, **overrides})
 
     def fit_normalizers(self, stats: Mapping[str, Mapping[str, Any]]) -> DiffusionPolicy:
         """Set the state (mean/std) and action (min/max) normalisers from dataset statistics."""
-        missing = [k for k in (STATE_KEY, "action") if k not in stats]
+        needed = [STATE_KEY, "action"] + ([ENV_STATE_KEY] if self.env_state_normalizer else [])
+        missing = [k for k in needed if k not in stats]
         if missing:
             raise ValueError(f"statistics lack {missing}; given: {sorted(stats)}")
         self.state_normalizer.fit(stats[STATE_KEY])
+        if self.env_state_normalizer is not None:
+            self.env_state_normalizer.fit(stats[ENV_STATE_KEY])
         self.action_normalizer.fit(stats["action"])
         return self
+
+    def input_keys(self) -> list[str]:
+        """Cameras, ``observation.state`` and (when configured) the environment state."""
+        env_state = [ENV_STATE_KEY] if self.env_state_normalizer is not None else []
+        return [*self.config.image_keys, STATE_KEY, *env_state]
 
     @torch.no_grad()
     def ema_update(self) -> None:
@@ -419,6 +454,12 @@ class DiffusionPolicy(Policy):
         finally:
             self.use_ema = previous
 
+    @torch.no_grad()
+    def adopt_ema(self) -> DiffusionPolicy:
+        """Copy the EMA weights into the live network: what BC saves and RL starts from."""
+        self.model.load_state_dict(self.ema_model.state_dict())
+        return self
+
     def _net(self) -> DiffusionNet:
         """The network acting now: the EMA copy when ``use_ema`` is set."""
         return self.ema_model if self.use_ema else self.model
@@ -440,7 +481,8 @@ class DiffusionPolicy(Policy):
     def global_cond(
         self, net: DiffusionNet, obs: Mapping[str, Any], instructions: Sequence[str]
     ) -> torch.Tensor:
-        """``[B, G]``: per-step image features and normalised state, flattened, ++ instruction."""
+        """``[B, G]``: per-step image features, normalised state (and environment state),
+        flattened, ++ instruction."""
         config = self.config
         state = self._feature(obs, STATE_KEY, (config.state_dim,)).float()
         batch = state.shape[0]
@@ -462,12 +504,25 @@ class DiffusionPolicy(Policy):
             features = encoder(images.reshape(-1, *size))  # [B * n_obs, E]
             per_step.append(features.reshape(batch, config.n_obs_steps, -1))
         per_step.append(self.state_normalizer.normalize(state))
+        if self.env_state_normalizer is not None:
+            env_state = self._feature(obs, ENV_STATE_KEY, (config.env_state_dim,)).float()
+            if env_state.shape[0] != batch or not torch.isfinite(env_state).all():
+                raise ValueError(
+                    f"observation {ENV_STATE_KEY!r} must be finite with batch {batch}, got "
+                    f"shape {tuple(env_state.shape)}"
+                )
+            per_step.append(self.env_state_normalizer.normalize(env_state))
         steps = torch.cat(per_step, dim=-1).flatten(1)  # [B, n_obs * (n_cam * E + D)]
-        return torch.cat([steps, net.instruction_encoder(list(instructions))], dim=-1)
+        cond = torch.cat([steps, net.instruction_encoder(list(instructions))], dim=-1)
+        return net.cond_mlp(cond)
 
     # --- training ---------------------------------------------------------------------------
-    def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """DDPM loss: MSE between predicted and true noise (or x_0), masked by ``action_is_pad``."""
+    def bc_inputs(
+        self, batch: Mapping[str, Any]
+    ) -> tuple[DiffusionNet, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What every planner's BC loss starts from: the live network, its conditioning
+        ``[B, G]``, the normalised action chunk ``[B, horizon, A]`` and a keep-mask of the same
+        shape (0 where ``action_is_pad``)."""
         config = self.config
         net = self.model
         cond = self.global_cond(net, batch, batch["instruction"])
@@ -478,17 +533,36 @@ class DiffusionPolicy(Policy):
                 f"batch 'action' has shape {tuple(actions.shape)}, expected {expected}"
             )
         x0 = self.action_normalizer.normalize(actions)
-        noise = torch.randn_like(x0)
-        t = torch.randint(0, config.num_train_timesteps, (x0.shape[0],), device=x0.device)
-        x_t = self.noise_scheduler.add_noise(x0, noise, t)
-        prediction = net.unet(x_t, t, cond)
-        target = noise if config.prediction_type == "epsilon" else x0
         if "action_is_pad" in batch:
             pad = torch.as_tensor(batch["action_is_pad"], device=self.device, dtype=torch.bool)
             keep = (~pad).to(x0.dtype).unsqueeze(-1).expand_as(x0)
         else:
             keep = torch.ones_like(x0)
+        return net, cond, x0, keep
+
+    @staticmethod
+    def masked_mse(prediction: torch.Tensor, target: torch.Tensor, keep: torch.Tensor):
+        """``sum(keep * (prediction - target)^2) / sum(keep)``."""
         return ((prediction - target) ** 2 * keep).sum() / keep.sum().clamp(min=1.0)
+
+    def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """DDPM loss: MSE between predicted and true noise (or x_0), masked by ``action_is_pad``."""
+        net, cond, x0, keep = self.bc_inputs(batch)
+        noise = torch.randn_like(x0)
+        t = torch.randint(0, self.config.num_train_timesteps, (x0.shape[0],), device=x0.device)
+        x_t = self.noise_scheduler.add_noise(x0, noise, t)
+        prediction = net.unet(x_t, t, cond)
+        target = noise if self.config.prediction_type == "epsilon" else x0
+        return self.masked_mse(prediction, target, keep)
+
+    def executed_actions(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw actions ``[B, n_action_steps, A]`` of a final normalised chunk ``[B, horizon, A]``:
+        steps from the newest observation on, clipped to the data's [-1, 1] range."""
+        start = self.config.n_obs_steps - 1
+        executed = x[:, start : start + self.config.n_action_steps].clamp(-1.0, 1.0)
+        if not torch.isfinite(executed).all():
+            raise ValueError(f"the {self.policy_type} policy produced NaN or infinite actions")
+        return self.action_normalizer.unnormalize(executed)
 
     # --- the denoising kernel ---------------------------------------------------------------
     def predict_x0(
@@ -576,12 +650,8 @@ class DiffusionPolicy(Policy):
             timesteps.append(t_batch)
             log_probs.append(self.gaussian_log_prob(x, mean, std))
         step_log_probs = torch.stack(log_probs, dim=1)  # [B, K]
-        start = config.n_obs_steps - 1
-        executed = x[:, start : start + config.n_action_steps].clamp(-1.0, 1.0)
-        if not torch.isfinite(executed).all():
-            raise ValueError("the diffusion policy produced NaN or infinite actions")
         return ActionOutput(
-            actions=self.action_normalizer.unnormalize(executed),
+            actions=self.executed_actions(x),
             log_prob=step_log_probs.sum(dim=1),
             policy_outputs={
                 "chain": torch.stack(chain, dim=1),  # [B, K + 1, horizon, A]
@@ -621,4 +691,10 @@ class DiffusionPolicy(Policy):
         return self.gaussian_log_prob(x_prev, mean, std).reshape(batch, k)
 
 
-__all__ = ["ConditionalUnet1D", "DiffusionConfig", "DiffusionNet", "DiffusionPolicy"]
+__all__ = [
+    "ConditionalUnet1D",
+    "DiffusionConfig",
+    "DiffusionNet",
+    "DiffusionPolicy",
+    "SinusoidalPosEmb",
+]

@@ -142,6 +142,10 @@ class MLPPolicy(Policy):
         self.action_normalizer.fit(stats["action"])
         return self
 
+    def input_keys(self) -> list[str]:
+        """``observation.state`` and (when configured) the environment state."""
+        return [STATE_KEY] + ([ENV_STATE_KEY] if self.env_state_normalizer is not None else [])
+
     # --- the distribution ---------------------------------------------------------------------
     def _last_step(self, obs: Mapping[str, Any], key: str, dim: int) -> torch.Tensor:
         """The newest step ``[B, dim]`` of one observation feature, checked and on our device."""

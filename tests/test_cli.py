@@ -90,6 +90,36 @@ def test_bench_sim_reports_rates_against_raw_mujoco(capsys: pytest.CaptureFixtur
     assert rows[1]["steps_per_s"] < rows[0]["steps_per_s"]
 
 
+def test_bench_policy_reports_every_policy_against_ddim(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from embodied.policies import MLPConfig, MLPPolicy
+
+    saved = MLPPolicy(MLPConfig(state_dim=4, action_dim=4)).save_pretrained(tmp_path / "mlp")
+    args = ["bench", "policy", "--json", "--image-size", "32", "--batches", "1", "2"]
+    assert main([*args, "--decisions", "1", "--repeats", "1", "--policy", str(saved)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    labels = [r["policy"] for r in rows if r["batch"] == 1]
+    assert labels[:5] == [
+        "diffusion DDIM-10",
+        "flow Euler-4",
+        "flow Euler-1",
+        "vla decoding",
+        "mlp gaussian",
+    ]
+    assert labels[5] == str(saved)
+    by_key = {(r["policy"], r["batch"]): r for r in rows}
+    for row in rows:
+        base = by_key["diffusion DDIM-10", row["batch"]]
+        assert row["baseline"] == f"diffusion DDIM-10 (batch {row['batch']})"
+        assert row["speedup"] == pytest.approx(row["actions_per_s"] / base["actions_per_s"])
+    # A diffusion chunk holds 8 actions, the MLP's one.
+    ddim = by_key["diffusion DDIM-10", 2]
+    assert ddim["actions_per_s"] == pytest.approx(ddim["decisions_per_s"] * 2 * 8)
+    mlp = by_key["mlp gaussian", 2]
+    assert mlp["actions_per_s"] == pytest.approx(mlp["decisions_per_s"] * 2)
+
+
 def test_video_round_trip_is_close(tmp_path: Path) -> None:
     yy, xx = np.mgrid[0:33, 0:47]  # odd sizes are padded to even ones
     frames = np.stack(

@@ -8,6 +8,7 @@ held-out seeds and checkpoints -> the final policy via ``save_pretrained``.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,11 +86,14 @@ def train_bc(cfg: BCConfig) -> RunDir:
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
     dataset = LeRobotDataset(cfg.dataset)
-    windows = BCDataset(dataset, n_obs_steps=cfg.n_obs_steps, horizon=cfg.horizon)
     task = cfg.eval_task or dataset.episodes_table()[0]["task_name"]
-    env_kwargs = env_kwargs_for_features(dataset.features)
 
     policy = build_policy(cfg, dataset).to(device)
+    keys = policy.input_keys()
+    windows = BCDataset(dataset, n_obs_steps=cfg.n_obs_steps, horizon=cfg.horizon, keys=keys)
+    # Evaluation envs render only what the policy reads (no camera for a state-only policy).
+    used = {k: f for k, f in dataset.features.items() if keys is None or k in keys}
+    env_kwargs = env_kwargs_for_features(used)
     optimizer, scheduler = make_optimizer(policy.parameters(), cfg.optim, cfg.steps)
     run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=cfg)
     start = 0
@@ -121,17 +125,20 @@ def train_bc(cfg: BCConfig) -> RunDir:
             if done % cfg.log_every == 0 or done == cfg.steps:
                 metrics.log({"bc/loss": loss.item(), "bc/lr": scheduler.get_last_lr()[0]}, done)
             if cfg.eval_episodes > 0 and (done % cfg.eval_every == 0 or done == cfg.steps):
-                result = evaluate_policy(
-                    policy,
-                    task,
-                    cfg.eval_episodes,
-                    cfg.eval_seed,
-                    env_kwargs,
-                    n_obs_steps=cfg.n_obs_steps,
-                    workers=cfg.eval_workers,
-                )
+                with policy.ema_weights() if hasattr(policy, "ema_weights") else nullcontext():
+                    result = evaluate_policy(
+                        policy,
+                        task,
+                        cfg.eval_episodes,
+                        cfg.eval_seed,
+                        env_kwargs,
+                        n_obs_steps=cfg.n_obs_steps,
+                        workers=cfg.eval_workers,
+                    )
                 metrics.log(result.metrics(), done)
             if done % cfg.save_every == 0 or done == cfg.steps:
                 save_checkpoint(run.checkpoints, done, policy, optimizer, scheduler)
+    if hasattr(policy, "adopt_ema"):
+        policy.adopt_ema()  # the averaged weights are the ones evaluated and handed on
     policy.save_pretrained(run.path / "policy")
     return run

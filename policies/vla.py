@@ -1,0 +1,740 @@
+"""A vision-language-action policy (OpenVLA-style): a Hugging Face image-text-to-text backbone
+that emits discretised actions as tokens.
+
+Backbone (``VLAConfig.backbone_path``):
+
+- ``""`` (default): a tiny, randomly initialised ``LlavaForConditionalGeneration`` built from
+  configs (a SigLIP vision tower of ``vision_layers`` layers over ``patch_size`` patches, a
+  2-layer projector and a Llama decoder of ``text_layers`` layers) and a word-level tokenizer
+  (``tokenizers`` ``WordLevel`` over ``vocab``, the dataset's instruction words, wrapped as a
+  ``PreTrainedTokenizerFast``). A few hundred thousand to a few million parameters: CPU sized.
+- a local directory: loaded with ``AutoModelForImageTextToText`` / ``AutoTokenizer`` (and the
+  ``AutoProcessor``'s image mean/std when it has one), offline (``local_files_only``), never with
+  remote code. The model must offer ``get_image_features(pixel_values=...)``, a decoder
+  (``get_decoder()``) that accepts ``inputs_embeds`` and ``past_key_values``, and an output
+  embedding (Llava, PaliGemma, Idefics3-style models do). Tied input/output embeddings are untied
+  (the head is copied) so the weights save as safetensors. ``from_pretrained`` of a saved policy
+  needs the same directory again (for the architecture and tokenizer), then loads the saved
+  weights over it.
+
+Input sequence of one decision (embeddings, no attention mask: every position is attended)::
+
+    [<bos>] [image tokens of each camera] [proprio tokens] [<pad>... instruction words] | actions
+
+- image tokens: the projected vision features of the newest frame of every camera in
+  ``image_keys`` (uint8 ``[B, n_obs, H, W, 3]`` or ``[B, H, W, 3]``), scaled to [0, 1], resized to
+  the vision tower's size when it differs, normalised with the image mean/std.
+- proprio tokens (``use_proprio``, on when the dataset has states): the newest
+  ``observation.state`` and ``observation.environment_state``, normalised with dataset mean/std
+  (``Normalizer``), mapped by a 2-layer MLP to ``n_proprio_tokens`` embeddings.
+- the instruction: ``max_instruction_tokens`` ids, left-padded with ``<pad>`` (a fixed-length
+  slot, so a decision does not depend on what else is in its batch); longer instructions keep
+  their first ``max_instruction_tokens`` tokens.
+
+Action tokenizer (OpenVLA): each action dimension is cut into ``n_bins`` uniform bins between
+``action_low`` and ``action_high`` (buffers set by ``fit_normalizers``); a value maps to the bin it
+falls in (values outside are clipped to the end bins) and a bin decodes to its centre. Bin ``i``
+of any dimension is token ``action_token_start + i``: the last ``n_bins`` ids of the vocabulary.
+``action_range="min_max"`` (default) takes the bounds from the dataset's per-dimension min/max,
+``"quantile"`` from its q01/q99 (OpenVLA's choice, robust to outliers). The default is min/max
+because the toolkit's actions already live in the env box [-1, 1] (no outliers to cut) and because
+the q01/q99 of a LeRobot ``stats.json`` are the count-weighted *mean of per-episode quantiles*
+(``datasets/lerobot/stats.py``), which can be far inside the real range (e.g. Reach: q01 -0.13
+while 10% of the actions are -1), so binning by them would clip real actions.
+
+A decision is ``n_action_steps`` (the chunk) actions of ``A`` dimensions: ``K = chunk * A`` tokens,
+decoded autoregressively step-major (all dimensions of step 0, then step 1, ...).
+
+Decoding (``act``): constrained to the action tokens: the logits of the other tokens are masked
+out, which is computing only the action rows of the output embedding::
+
+    logits_k = h_k @ W_out[action_token_start:]^T / temperature,   p_k = softmax(logits_k)
+
+``deterministic=True`` takes ``argmax p_k`` (greedy); otherwise ``token ~ p_k`` drawn with the given
+``torch.Generator`` (reproducible). The decoder runs once over the prefix and then one token at a
+time with its KV cache (``past_key_values``). Recorded log-probabilities are ``log p_k(token)`` of
+this temperature-scaled constrained distribution (the sampling distribution; in deterministic
+mode the same distribution's log-probability of the greedy token), and ``log_prob`` recomputes
+exactly these (same temperature) in one teacher-forced pass with gradients, for GRPO / PPO ratios.
+
+``bc_loss``: cross-entropy of the expert's action tokens (steps ``n_obs_steps - 1 ..`` of the BC
+window, the first at the newest observation, ``n_action_steps`` of them) under the constrained
+distribution at temperature 1, teacher-forced, with padded steps (``action_is_pad``) masked out.
+
+Executed actions: bin centres (raw units), clipped to the env box [-1, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embodied.policies.base import Normalizer, Policy, register_policy
+from embodied.policies.vision import UNKNOWN_WORD, build_vocab, tokenize_words
+from embodied.types import ActionOutput
+
+STATE_KEY = "observation.state"
+ENV_STATE_KEY = "observation.environment_state"
+ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # the env action box (sims/conventions.py: Box(-1, 1))
+PAD_TOKEN, BOS_TOKEN, UNK_TOKEN, IMAGE_TOKEN = "<pad>", "<bos>", UNKNOWN_WORD, "<image>"
+SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, UNK_TOKEN, IMAGE_TOKEN]  # ids 0..3 of the tiny vocab
+
+
+@dataclass
+class VLAConfig:
+    """Sizes, action tokenizer and decoding settings of ``VLAPolicy`` (saved to ``config.json``)."""
+
+    action_dim: int
+    state_dim: int = 0  # 0 = no observation.state input
+    env_state_dim: int = 0  # > 0: also read the privileged observation.environment_state
+    image_keys: list[str] = field(default_factory=lambda: ["observation.image"])
+    image_size: int = 64  # expected (square) camera size; the tiny vision tower's input size
+    n_obs_steps: int = 1  # observation steps a window holds (only the newest is read)
+    horizon: int = 8  # actions per BC window
+    n_action_steps: int = 4  # the chunk: actions decoded and executed per decision
+    use_proprio: bool = True  # proprio tokens from the state(s)
+    n_proprio_tokens: int = 1
+    vocab: list[str] = field(default_factory=list)  # instruction words of the tiny tokenizer
+    max_instruction_tokens: int = 16
+    n_bins: int = 256
+    action_range: str = "min_max"  # bin bounds from the dataset's "min_max" or "quantile" (q01/q99)
+    temperature: float = 1.0
+    backbone_path: str = ""  # a local image-text-to-text model directory; "" = tiny Llava
+    # The tiny backbone (ignored with backbone_path):
+    patch_size: int = 8
+    vision_hidden_size: int = 64
+    vision_layers: int = 2
+    vision_heads: int = 2
+    vision_intermediate_size: int = 128
+    hidden_size: int = 128
+    text_layers: int = 4
+    text_heads: int = 4
+    text_intermediate_size: int = 256
+    image_mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    image_std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    attn_implementation: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        """Refuse settings that cannot build a policy, naming the field."""
+        self.image_keys = list(self.image_keys)
+        self.vocab = [str(w) for w in self.vocab]
+        self.image_mean = [float(v) for v in self.image_mean]
+        self.image_std = [float(v) for v in self.image_std]
+        for name, low in (
+            ("action_dim", 1),
+            ("state_dim", 0),
+            ("env_state_dim", 0),
+            ("image_size", 8),
+            ("n_obs_steps", 1),
+            ("horizon", 1),
+            ("n_action_steps", 1),
+            ("n_proprio_tokens", 1),
+            ("max_instruction_tokens", 1),
+            ("n_bins", 2),
+            ("patch_size", 1),
+            ("vision_hidden_size", 1),
+            ("vision_layers", 1),
+            ("vision_heads", 1),
+            ("vision_intermediate_size", 1),
+            ("hidden_size", 1),
+            ("text_layers", 1),
+            ("text_heads", 1),
+            ("text_intermediate_size", 1),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"VLAConfig.{name} must be an int >= {low}, got {value!r}")
+        if self.n_obs_steps - 1 + self.n_action_steps > self.horizon:
+            raise ValueError(
+                f"VLAConfig needs n_obs_steps - 1 + n_action_steps <= horizon, got "
+                f"{self.n_obs_steps} - 1 + {self.n_action_steps} > {self.horizon}"
+            )
+        if not self.image_keys:
+            raise ValueError("VLAConfig.image_keys must name at least one camera")
+        for key in self.image_keys:
+            if key != "observation.image" and not key.startswith("observation.images."):
+                raise ValueError(
+                    f"VLAConfig.image_keys: {key!r} is not 'observation.image' or "
+                    "'observation.images.<camera>'"
+                )
+        if not isinstance(self.use_proprio, bool):
+            raise ValueError(f"VLAConfig.use_proprio must be a bool, got {self.use_proprio!r}")
+        if self.action_range not in ("min_max", "quantile"):
+            raise ValueError(
+                f"VLAConfig.action_range must be 'min_max' or 'quantile', got {self.action_range!r}"
+            )
+        if not (isinstance(self.temperature, int | float) and self.temperature > 0):
+            raise ValueError(f"VLAConfig.temperature must be > 0, got {self.temperature!r}")
+        self.temperature = float(self.temperature)
+        if not isinstance(self.backbone_path, str):
+            raise ValueError(f"VLAConfig.backbone_path must be a str, got {self.backbone_path!r}")
+        if not self.backbone_path:
+            if self.image_size % self.patch_size:
+                raise ValueError(
+                    f"VLAConfig.image_size={self.image_size} must be divisible by "
+                    f"patch_size={self.patch_size}"
+                )
+            for hidden, heads in (
+                ("vision_hidden_size", "vision_heads"),
+                ("hidden_size", "text_heads"),
+            ):
+                if getattr(self, hidden) % getattr(self, heads):
+                    raise ValueError(
+                        f"VLAConfig.{hidden}={getattr(self, hidden)} must be divisible by "
+                        f"{heads}={getattr(self, heads)}"
+                    )
+            if (self.hidden_size // self.text_heads) % 2:
+                raise ValueError(
+                    f"VLAConfig: hidden_size / text_heads = {self.hidden_size // self.text_heads}"
+                    " must be even (rotary embeddings)"
+                )
+        for name in ("image_mean", "image_std"):
+            values = getattr(self, name)
+            if len(values) != 3 or (name == "image_std" and min(values) <= 0):
+                raise ValueError(f"VLAConfig.{name} must be 3 values (std > 0), got {values}")
+        bad = [w for w in self.vocab if not w or w in SPECIAL_TOKENS or tokenize_words(w) != [w]]
+        if bad or len(set(self.vocab)) != len(self.vocab):
+            raise ValueError(
+                f"VLAConfig.vocab must be distinct lower-case alphanumeric words, got bad entries "
+                f"{bad or 'duplicates'}"
+            )
+        if self.attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(
+                f"VLAConfig.attn_implementation must be 'sdpa' or 'eager', "
+                f"got {self.attn_implementation!r}"
+            )
+
+    @property
+    def proprio_dim(self) -> int:
+        """Width of the proprio MLP's input (0 = no proprio tokens)."""
+        return (self.state_dim + self.env_state_dim) if self.use_proprio else 0
+
+    @property
+    def num_action_tokens(self) -> int:
+        """Tokens per decision: ``n_action_steps * action_dim``."""
+        return self.n_action_steps * self.action_dim
+
+
+# --- the tiny backbone and its tokenizer --------------------------------------------------------
+def build_word_tokenizer(words: Sequence[str], n_bins: int) -> Any:
+    """A ``PreTrainedTokenizerFast`` over ``SPECIAL_TOKENS + words + <act_0..n_bins-1>``: lower-case
+    alphanumeric words (what ``tokenize_words`` splits), anything unknown -> ``<unk>``."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokens = [*SPECIAL_TOKENS, *words, *(f"<act_{i}>" for i in range(n_bins))]
+    model = models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token=UNK_TOKEN)
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Lowercase(), normalizers.Replace(Regex("[^a-z0-9]+"), " ")]
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=PAD_TOKEN, bos_token=BOS_TOKEN, unk_token=UNK_TOKEN
+    )
+
+
+def build_tiny_backbone(config: VLAConfig, vocab_size: int) -> nn.Module:
+    """A randomly initialised tiny ``LlavaForConditionalGeneration`` (SigLIP vision, Llama text)."""
+    from transformers import (
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        SiglipVisionConfig,
+    )
+
+    vision = SiglipVisionConfig(
+        image_size=config.image_size,
+        patch_size=config.patch_size,
+        hidden_size=config.vision_hidden_size,
+        intermediate_size=config.vision_intermediate_size,
+        num_hidden_layers=config.vision_layers,
+        num_attention_heads=config.vision_heads,
+        vision_use_head=False,
+    )
+    n_tokens = (
+        1
+        + len(config.image_keys) * (config.image_size // config.patch_size) ** 2
+        + config.n_proprio_tokens
+        + config.max_instruction_tokens
+        + config.num_action_tokens
+    )
+    text = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.text_intermediate_size,
+        num_hidden_layers=config.text_layers,
+        num_attention_heads=config.text_heads,
+        num_key_value_heads=config.text_heads,
+        max_position_embeddings=max(512, 2 ** math.ceil(math.log2(n_tokens))),
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    llava = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=SPECIAL_TOKENS.index(IMAGE_TOKEN),
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",  # SigLIP has no CLS token to drop
+        projector_hidden_act="gelu",
+        tie_word_embeddings=False,
+    )
+    llava._attn_implementation = config.attn_implementation
+    return LlavaForConditionalGeneration(llava)
+
+
+def load_backbone(path: str, attn_implementation: str) -> tuple[nn.Module, Any, Any]:
+    """A local image-text-to-text model, its tokenizer and (if any) image processor; offline."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    model = AutoModelForImageTextToText.from_pretrained(
+        path, local_files_only=True, attn_implementation=attn_implementation
+    ).float()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+        image_processor = getattr(processor, "image_processor", processor)
+    except (OSError, ValueError, TypeError):
+        image_processor = None
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head.weight is embed.weight:  # untie: safetensors refuses shared tensors
+        head.weight = nn.Parameter(head.weight.detach().clone())
+        model.config.tie_word_embeddings = False
+        if hasattr(model.config, "text_config"):
+            model.config.text_config.tie_word_embeddings = False
+    return model, tokenizer, image_processor
+
+
+@register_policy("vla")
+class VLAPolicy(Policy):
+    """Image-text-to-text backbone + OpenVLA action tokens, with proprio tokens and chunking."""
+
+    config_class = VLAConfig
+    config: VLAConfig
+
+    def __init__(self, config: VLAConfig) -> None:
+        super().__init__(config)
+        mean, std = config.image_mean, config.image_std
+        if config.backbone_path:
+            self.backbone, self.tokenizer, processor = load_backbone(
+                config.backbone_path, config.attn_implementation
+            )
+            vision = getattr(self.backbone.config, "vision_config", None)
+            self.vision_size = int(getattr(vision, "image_size", config.image_size))
+            if processor is not None and getattr(processor, "image_mean", None) is not None:
+                mean, std = list(processor.image_mean), list(processor.image_std)
+            vocab_end = min(
+                len(self.tokenizer), self.backbone.get_output_embeddings().weight.shape[0]
+            )
+        else:
+            self.tokenizer = build_word_tokenizer(config.vocab, config.n_bins)
+            self.backbone = build_tiny_backbone(config, len(self.tokenizer))
+            self.vision_size = config.image_size
+            vocab_end = len(self.tokenizer)
+        if vocab_end <= config.n_bins:
+            raise ValueError(f"the vocabulary ({vocab_end}) is smaller than n_bins={config.n_bins}")
+        self.action_token_start = vocab_end - config.n_bins
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
+        bos = self.tokenizer.bos_token_id
+        self.bos_ids = [] if bos is None else [int(bos)]
+        hidden = self.backbone.get_input_embeddings().weight.shape[1]
+        self.register_buffer("image_mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("image_std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
+        self.state_normalizer = (
+            Normalizer(config.state_dim, "mean_std")
+            if config.use_proprio and config.state_dim > 0
+            else None
+        )
+        self.env_state_normalizer = (
+            Normalizer(config.env_state_dim, "mean_std")
+            if config.use_proprio and config.env_state_dim > 0
+            else None
+        )
+        self.proprio = (
+            nn.Sequential(
+                nn.Linear(config.proprio_dim, hidden),
+                nn.GELU(),
+                nn.Linear(hidden, config.n_proprio_tokens * hidden),
+            )
+            if config.proprio_dim > 0
+            else None
+        )
+        # Bin bounds of the action tokenizer (raw units), set by fit_normalizers.
+        self.register_buffer("action_low", torch.full((config.action_dim,), ACTION_LOW))
+        self.register_buffer("action_high", torch.full((config.action_dim,), ACTION_HIGH))
+
+    # --- dataset-shaped construction -----------------------------------------------------------
+    @classmethod
+    def config_from_dataset(
+        cls,
+        features: Mapping[str, Mapping[str, Any]],
+        tasks: Sequence[str] = (),
+        horizon: int | None = None,
+        **overrides: Any,
+    ) -> VLAConfig:
+        """A config shaped by a LeRobot dataset (what ``embodied train bc`` calls): its cameras
+        (square, one size), action size, states (proprio tokens when present), the words of its
+        instructions, and a chunk filling the BC window unless ``n_action_steps`` is given."""
+        if "action" not in features:
+            raise ValueError(f"dataset has no 'action' feature; features: {sorted(features)}")
+        image_keys = [k for k, f in features.items() if f.get("dtype") == "video"]
+        if not image_keys:
+            raise ValueError(f"the VLA needs a camera; dataset features: {sorted(features)}")
+        sizes = {features[k]["shape"][0] for k in image_keys} | {
+            features[k]["shape"][1] for k in image_keys
+        }
+        if len(sizes) > 1:
+            raise ValueError(f"cameras must share one square size, got sizes {sorted(sizes)}")
+        tasks = list(tasks)
+        words = build_vocab(tasks)[1:]
+        values: dict[str, Any] = {
+            "action_dim": int(features["action"]["shape"][-1]),
+            "image_keys": image_keys,
+            "image_size": int(sizes.pop()),
+            "vocab": words,
+        }
+        if tasks:
+            values["max_instruction_tokens"] = max(1, *(len(tokenize_words(t)) for t in tasks))
+        if STATE_KEY in features:
+            values["state_dim"] = int(features[STATE_KEY]["shape"][-1])
+        if ENV_STATE_KEY in features:
+            values["env_state_dim"] = int(features[ENV_STATE_KEY]["shape"][-1])
+        if horizon is not None:
+            values["horizon"] = int(horizon)
+            n_obs = int(overrides.get("n_obs_steps", 1))
+            values["n_action_steps"] = max(1, int(horizon) - n_obs + 1)
+        return VLAConfig(**{**values, **overrides})
+
+    def fit_normalizers(self, stats: Mapping[str, Mapping[str, Any]]) -> VLAPolicy:
+        """State normalisers (mean/std) and the action bins' bounds (min/max or q01/q99)."""
+        needed = ["action"]
+        if self.state_normalizer is not None:
+            needed.append(STATE_KEY)
+        if self.env_state_normalizer is not None:
+            needed.append(ENV_STATE_KEY)
+        missing = [k for k in needed if k not in stats]
+        if missing:
+            raise ValueError(f"statistics lack {missing}; given: {sorted(stats)}")
+        if self.state_normalizer is not None:
+            self.state_normalizer.fit(stats[STATE_KEY])
+        if self.env_state_normalizer is not None:
+            self.env_state_normalizer.fit(stats[ENV_STATE_KEY])
+        low_key, high_key = (
+            ("min", "max") if self.config.action_range == "min_max" else ("q01", "q99")
+        )
+        action = stats["action"]
+        if low_key not in action or high_key not in action:
+            raise ValueError(
+                f"action statistics lack {low_key!r}/{high_key!r} (action_range="
+                f"{self.config.action_range!r}); given: {sorted(action)}"
+            )
+        self.set_action_range(action[low_key], action[high_key])
+        return self
+
+    @torch.no_grad()
+    def set_action_range(self, low: Any, high: Any) -> VLAPolicy:
+        """Set the action bins' bounds ``[A]`` (raw units). A dimension whose range is (nearly)
+        empty gets a tiny one around its value, so it decodes back to that value."""
+        low = torch.as_tensor(low, dtype=torch.float32).reshape(-1)
+        high = torch.as_tensor(high, dtype=torch.float32).reshape(-1)
+        if low.shape != self.action_low.shape or high.shape != self.action_low.shape:
+            raise ValueError(
+                f"action range has shapes {tuple(low.shape)} / {tuple(high.shape)}, the policy "
+                f"expects {tuple(self.action_low.shape)}"
+            )
+        if not (torch.isfinite(low).all() and torch.isfinite(high).all() and (high >= low).all()):
+            raise ValueError(f"action range must be finite with high >= low, got {low} .. {high}")
+        flat = (high - low) < 1e-6
+        centre = (high + low) / 2
+        self.action_low.copy_(torch.where(flat, centre - 1e-3, low))
+        self.action_high.copy_(torch.where(flat, centre + 1e-3, high))
+        return self
+
+    def input_keys(self) -> list[str]:
+        """The cameras and (with proprio tokens) the state features."""
+        keys = list(self.config.image_keys)
+        if self.state_normalizer is not None:
+            keys.append(STATE_KEY)
+        if self.env_state_normalizer is not None:
+            keys.append(ENV_STATE_KEY)
+        return keys
+
+    # --- the action tokenizer ------------------------------------------------------------------
+    @property
+    def bin_width(self) -> torch.Tensor:
+        """Per-dimension bin width ``[A]``."""
+        return (self.action_high - self.action_low) / self.config.n_bins
+
+    def encode_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """Raw actions ``[..., A]`` -> bin indices ``[..., A]`` in ``0 .. n_bins - 1`` (clipped)."""
+        x = (actions.float() - self.action_low) / (self.action_high - self.action_low)
+        bins = torch.floor(x * self.config.n_bins).long()
+        return bins.clamp(0, self.config.n_bins - 1)
+
+    def decode_actions(self, bins: torch.Tensor) -> torch.Tensor:
+        """Bin indices ``[..., A]`` -> raw actions ``[..., A]`` at the bin centres."""
+        if bins.min() < 0 or bins.max() >= self.config.n_bins:
+            raise ValueError(f"action bins must lie in 0 .. {self.config.n_bins - 1}")
+        return self.action_low + (bins.float() + 0.5) * self.bin_width
+
+    def encode(self, actions: torch.Tensor) -> torch.Tensor:
+        """Raw action chunks ``[B, chunk, A]`` -> vocabulary ids ``[B, chunk * A]`` (step-major)."""
+        return (self.encode_actions(actions) + self.action_token_start).flatten(-2)
+
+    def decode(self, ids: torch.Tensor) -> torch.Tensor:
+        """Vocabulary ids ``[B, chunk * A]`` -> raw chunks ``[B, chunk, A]`` (bin centres)."""
+        a = self.config.action_dim
+        if ids.shape[-1] % a:
+            raise ValueError(f"{ids.shape[-1]} action tokens are not a whole number of {a}-D steps")
+        bins = ids - self.action_token_start
+        return self.decode_actions(bins.reshape(*ids.shape[:-1], ids.shape[-1] // a, a))
+
+    # --- observations -> prefix embeddings --------------------------------------------------------
+    def _newest(
+        self, obs: Mapping[str, Any], key: str, trailing: tuple[int, ...], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The newest step ``[B, *trailing]`` of a feature given as ``[B, n_obs, *trailing]`` or
+        ``[B, *trailing]``; shape, dtype and finiteness checked, naming the key."""
+        if key not in obs:
+            raise ValueError(f"observation has no {key!r}; keys: {sorted(obs)}")
+        x = torch.as_tensor(obs[key], device=self.device)
+        shape = tuple(x.shape)
+        n = len(trailing)
+        if x.ndim not in (n + 1, n + 2) or shape[-n:] != trailing:
+            expected = ", ".join(map(str, trailing))
+            raise ValueError(
+                f"observation {key!r} has shape {shape}, the policy expects (B, n_obs, {expected}) "
+                f"or (B, {expected})"
+            )
+        if dtype == torch.uint8 and x.dtype != torch.uint8:
+            raise ValueError(f"observation {key!r} must be uint8 images, got {x.dtype} {shape}")
+        x = x[:, -1] if x.ndim == n + 2 else x
+        if dtype != torch.uint8:
+            x = x.to(dtype)
+            if not torch.isfinite(x).all():
+                raise ValueError(f"observation {key!r} holds NaN or infinite values")
+        return x
+
+    def _instruction_ids(self, instructions: Sequence[str], batch: int) -> torch.Tensor:
+        """``[B, max_instruction_tokens]`` ids, left-padded, truncated to the slot."""
+        if isinstance(instructions, str) or len(instructions) != batch:
+            got = "a single string" if isinstance(instructions, str) else f"{len(instructions)}"
+            raise ValueError(f"need {batch} instructions (one per observation), got {got}")
+        length = self.config.max_instruction_tokens
+        rows = self.tokenizer([str(t) for t in instructions], add_special_tokens=False)["input_ids"]
+        ids = torch.full((batch, length), self.pad_id, dtype=torch.long)
+        for b, row in enumerate(rows):
+            row = row[:length]
+            if row:
+                ids[b, length - len(row) :] = torch.tensor(row, dtype=torch.long)
+        return ids.to(self.device)
+
+    def image_features(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 ``[N, H, W, 3]`` -> projected vision tokens ``[N, n_tokens, hidden]``."""
+        x = images.permute(0, 3, 1, 2).float() / 255.0
+        if x.shape[-2:] != (self.vision_size, self.vision_size):
+            size = (self.vision_size, self.vision_size)
+            x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+        x = (x - self.image_mean) / self.image_std
+        out = self.backbone.get_image_features(pixel_values=x)
+        features = getattr(out, "pooler_output", out)
+        if isinstance(features, list | tuple):
+            features = torch.stack(list(features))
+        return features.reshape(x.shape[0], -1, features.shape[-1])
+
+    def prefix_embeddings(
+        self, obs: Mapping[str, Any], instructions: Sequence[str]
+    ) -> torch.Tensor:
+        """``[B, P, hidden]``: bos, image tokens, proprio tokens, instruction slot."""
+        config = self.config
+        size = (config.image_size, config.image_size, 3)
+        images = [self._newest(obs, key, size, torch.uint8) for key in config.image_keys]
+        batch = images[0].shape[0]
+        for key, image in zip(config.image_keys, images, strict=True):
+            if image.shape[0] != batch:
+                raise ValueError(
+                    f"observation {key!r} has batch {image.shape[0]}, "
+                    f"{config.image_keys[0]!r} has {batch}"
+                )
+        ids = self._instruction_ids(instructions, batch)
+        embed = self.backbone.get_input_embeddings()
+        features = self.image_features(torch.cat(images)).reshape(batch, -1, embed.weight.shape[1])
+        parts = []
+        if self.bos_ids:
+            bos = torch.tensor(self.bos_ids, device=self.device).expand(batch, -1)
+            parts.append(embed(bos))
+        parts.append(features.to(embed.weight.dtype))
+        if self.proprio is not None:
+            states = []
+            for key, dim, normalizer in (
+                (STATE_KEY, config.state_dim, self.state_normalizer),
+                (ENV_STATE_KEY, config.env_state_dim, self.env_state_normalizer),
+            ):
+                if normalizer is None:
+                    continue
+                state = self._newest(obs, key, (dim,), torch.float32)
+                if state.shape[0] != batch:
+                    raise ValueError(
+                        f"observation {key!r} has shape {tuple(obs[key].shape)}, batch {batch} "
+                        f"expected (from {config.image_keys[0]!r})"
+                    )
+                states.append(normalizer.normalize(state))
+            tokens = self.proprio(torch.cat(states, dim=-1))
+            parts.append(tokens.reshape(batch, config.n_proprio_tokens, -1).to(embed.weight.dtype))
+        parts.append(embed(ids))
+        return torch.cat(parts, dim=1)
+
+    # --- the constrained distribution ----------------------------------------------------------
+    def action_logits(self, hidden: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """Logits over the ``n_bins`` action tokens only ``[..., n_bins]`` (every other token of
+        the vocabulary masked out), divided by ``temperature``."""
+        head = self.backbone.get_output_embeddings()
+        rows = slice(self.action_token_start, self.action_token_start + self.config.n_bins)
+        bias = None if head.bias is None else head.bias[rows]
+        return F.linear(hidden, head.weight[rows], bias) / temperature
+
+    def _decoder(self, embeds: torch.Tensor, cache: Any = None, use_cache: bool = False) -> Any:
+        return self.backbone.get_decoder()(
+            inputs_embeds=embeds, past_key_values=cache, use_cache=use_cache
+        )
+
+    def _token_embeddings(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.backbone.get_input_embeddings()(ids)
+
+    def teacher_forced_logits(
+        self, prefix: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0
+    ) -> torch.Tensor:
+        """Constrained logits ``[B, K, n_bins]`` of each of the ``K`` action tokens ``ids`` given
+        the prefix and the tokens before it: one forward pass, no cache."""
+        k = ids.shape[1]
+        embeds = torch.cat([prefix, self._token_embeddings(ids[:, :-1])], dim=1)
+        hidden = self._decoder(embeds).last_hidden_state[:, -k:]
+        return self.action_logits(hidden, temperature)
+
+    def _check_ids(self, ids: Any, batch: int) -> torch.Tensor:
+        ids = torch.as_tensor(ids, device=self.device)
+        expected = (batch, self.config.num_action_tokens)
+        if tuple(ids.shape) != expected or ids.dtype.is_floating_point:
+            raise ValueError(
+                f"policy_outputs 'action_tokens' has shape {tuple(ids.shape)} ({ids.dtype}), "
+                f"expected integer ids of shape {expected}"
+            )
+        ids = ids.long()
+        low, high = self.action_token_start, self.action_token_start + self.config.n_bins
+        if ids.min() < low or ids.max() >= high:
+            raise ValueError(f"policy_outputs 'action_tokens' must lie in [{low}, {high})")
+        return ids
+
+    # --- the Policy interface --------------------------------------------------------------------
+    @torch.no_grad()
+    def act(
+        self,
+        obs: Mapping[str, Any],
+        instructions: Sequence[str],
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+    ) -> ActionOutput:
+        """Decode one chunk per observation: ``actions [B, chunk, A]`` (raw, clipped to [-1, 1]),
+        ``log_prob [B]``, ``policy_outputs`` ``action_tokens`` / ``log_probs`` ``[B, chunk * A]``.
+        ``use_cache=False`` re-runs the whole sequence for every token (a reference for tests)."""
+        prefix = self.prefix_embeddings(obs, instructions)
+        temperature = self.config.temperature
+        out = self._decoder(prefix, use_cache=use_cache)
+        hidden, cache = out.last_hidden_state[:, -1], out.past_key_values
+        sequence = prefix
+        tokens, log_probs = [], []
+        for k in range(self.config.num_action_tokens):
+            log_p = torch.log_softmax(self.action_logits(hidden, temperature).float(), dim=-1)
+            if deterministic:
+                choice = log_p.argmax(dim=-1)
+            else:
+                probs = log_p.exp()
+                device = generator.device if generator is not None else probs.device
+                choice = torch.multinomial(probs.to(device), 1, generator=generator)
+                choice = choice.squeeze(1).to(probs.device)
+            tokens.append(choice + self.action_token_start)
+            log_probs.append(log_p.gather(-1, choice[:, None]).squeeze(-1))
+            if k + 1 == self.config.num_action_tokens:
+                break
+            step = self._token_embeddings(tokens[-1][:, None])
+            if use_cache:
+                out = self._decoder(step, cache=cache, use_cache=True)
+                cache = out.past_key_values
+            else:
+                sequence = torch.cat([sequence, step], dim=1)
+                out = self._decoder(sequence)
+            hidden = out.last_hidden_state[:, -1]
+        ids = torch.stack(tokens, dim=1)
+        token_log_probs = torch.stack(log_probs, dim=1)
+        actions = self.decode(ids).clamp(ACTION_LOW, ACTION_HIGH)
+        return ActionOutput(
+            actions=actions,
+            log_prob=token_log_probs.sum(dim=1),
+            policy_outputs={"action_tokens": ids, "log_probs": token_log_probs},
+        )
+
+    def log_prob(
+        self,
+        obs: Mapping[str, Any],
+        instructions: Sequence[str],
+        policy_outputs: Mapping[str, Any],
+    ) -> torch.Tensor:
+        """Per-token log-probabilities ``[B, chunk * A]`` of recorded action tokens under the
+        temperature-scaled constrained distribution, with gradients (teacher forcing)."""
+        if "action_tokens" not in policy_outputs:
+            raise ValueError(
+                f"policy_outputs has no 'action_tokens'; keys: {sorted(policy_outputs)}"
+            )
+        prefix = self.prefix_embeddings(obs, instructions)
+        ids = self._check_ids(policy_outputs["action_tokens"], prefix.shape[0])
+        logits = self.teacher_forced_logits(prefix, ids, self.config.temperature)
+        log_p = torch.log_softmax(logits.float(), dim=-1)
+        return log_p.gather(-1, (ids - self.action_token_start)[..., None]).squeeze(-1)
+
+    def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """Cross-entropy of the expert chunk's action tokens (temperature 1), pads masked out."""
+        config = self.config
+        if "instruction" not in batch or "action" not in batch:
+            raise ValueError(f"batch needs 'action' and 'instruction'; keys: {sorted(batch)}")
+        prefix = self.prefix_embeddings(batch, batch["instruction"])
+        actions = torch.as_tensor(batch["action"], device=self.device, dtype=torch.float32)
+        start, chunk = config.n_obs_steps - 1, config.n_action_steps
+        if (
+            actions.ndim != 3
+            or actions.shape[0] != prefix.shape[0]
+            or actions.shape[1] < start + chunk
+            or actions.shape[2] != config.action_dim
+        ):
+            raise ValueError(
+                f"batch 'action' has shape {tuple(actions.shape)}, expected "
+                f"({prefix.shape[0]}, horizon >= {start + chunk}, {config.action_dim})"
+            )
+        if not torch.isfinite(actions).all():
+            raise ValueError("batch 'action' holds NaN or infinite values")
+        ids = self.encode(actions[:, start : start + chunk])
+        logits = self.teacher_forced_logits(prefix, ids)
+        nll = F.cross_entropy(
+            logits.float().reshape(-1, config.n_bins),
+            (ids - self.action_token_start).reshape(-1),
+            reduction="none",
+        ).reshape(ids.shape)
+        if "action_is_pad" in batch:
+            pad = torch.as_tensor(batch["action_is_pad"], device=self.device, dtype=torch.bool)
+            keep = (~pad[:, start : start + chunk]).repeat_interleave(config.action_dim, dim=1)
+        else:
+            keep = torch.ones_like(ids, dtype=torch.bool)
+        keep = keep.to(nll.dtype)
+        return (nll * keep).sum() / keep.sum().clamp(min=1.0)
+
+
+__all__ = ["VLAConfig", "VLAPolicy", "build_tiny_backbone", "build_word_tokenizer"]
