@@ -39,6 +39,7 @@ class CollectConfig:
     rewind: float = 0.0
     lossless: bool = False
     fps: int = 16
+    goal_cycle: bool = False  # tabletop: seed s = layout s // G with goal s % G (every goal)
 
 
 @dataclass
@@ -93,6 +94,10 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
     env_kwargs = {"obs_mode": cfg.obs_mode, "image_size": cfg.image_size, "cameras": cfg.cameras}
     if cfg.task.startswith("metaworld/"):
         env_kwargs.pop("cameras")  # Meta-World has its own camera names and default
+        if cfg.goal_cycle:
+            raise ValueError("goal_cycle is a tabletop option; Meta-World tasks have one goal")
+    elif cfg.goal_cycle:
+        env_kwargs["goal_cycle"] = True
     vec = sims.make_vec_env(
         cfg.task, cfg.workers, asynchronous=cfg.workers > 1, autoreset_mode="disabled", **env_kwargs
     )

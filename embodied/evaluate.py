@@ -63,6 +63,14 @@ def evaluate_policy(
     vec = sims.make_vec_env(
         task, workers, asynchronous=workers > 1, autoreset_mode="disabled", **env_kwargs
     )
+    env_shape = tuple(vec.single_action_space.shape)
+    policy_dim = getattr(getattr(policy, "config", None), "action_dim", None)
+    if policy_dim is not None and env_shape != (policy_dim,):
+        vec.close()
+        raise ValueError(
+            f"the policy outputs actions of shape ({policy_dim},) but {task} takes actions of "
+            f"shape {env_shape}"
+        )
     was_training = policy.training
     policy.eval()
     try:

@@ -5,7 +5,9 @@ Conditioning (one vector per decision, "global conditioning" as in Diffusion Pol
 
     cond = concat(image features of every camera and observation step,   # [n_obs * n_cam * E]
                   normalised state of every observation step,           # [n_obs * D]
+                  normalised environment state, when configured,       # [n_obs * D_env]
                   instruction embedding)                                # [E]
+    cond = cond_mlp(cond)     # optional (``cond_mlp_dims``); identity by default
 
 Training (``bc_loss``), DDPM on normalised actions ``x_0`` (min/max -> [-1, 1])::
 
@@ -61,7 +63,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler
 from torch import nn
 
 from embodied.policies.base import Normalizer, Policy, register_policy
@@ -360,6 +361,8 @@ class DiffusionPolicy(Policy):
     def build_sampler(self) -> None:
         """DDPM training noise and the DDIM timesteps/``abar`` buffers (a flow variant overrides
         this with its own integrator)."""
+        from diffusers import DDIMScheduler, DDPMScheduler  # slow import: only when built
+
         config = self.config
         self.noise_scheduler = DDPMScheduler(
             num_train_timesteps=config.num_train_timesteps,

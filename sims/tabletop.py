@@ -56,6 +56,7 @@ class TabletopEnv(gym.Env):
         frame_skip: int = 5,
         action_scale: float = 0.02,
         terminate_on_success: bool = True,
+        goal_cycle: bool = False,
     ) -> None:
         if isinstance(task, str):
             if task not in TASKS:
@@ -71,6 +72,9 @@ class TabletopEnv(gym.Env):
         self.task, self.obs_mode, self.cameras = task, obs_mode, cameras
         self.render_mode, self.frame_skip, self.action_scale = render_mode, frame_skip, action_scale
         self.terminate_on_success = terminate_on_success
+        # Seed s -> layout of seed s // G with goal s % G (G goals): consecutive seeds show one
+        # scene with every goal, so demonstrations only differ by what the instruction asks.
+        self.goal_cycle = goal_cycle
 
         self.model = mujoco.MjModel.from_xml_path(str(ASSET))
         set_render_quality(self.model, fast=fast_render)
@@ -95,10 +99,13 @@ class TabletopEnv(gym.Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Draw a scene layout, goal and instruction from ``seed`` (same seed, same episode)."""
+        goal = (options or {}).get("goal")
+        if self.goal_cycle and seed is not None and goal is None:
+            goals = self.task.all_goals()
+            seed, goal = seed // len(goals), goals[seed % len(goals)]
         super().reset(seed=seed)
         rng = self.np_random
         mujoco.mj_resetData(self.model, self.data)
-        goal = (options or {}).get("goal")
         self.goal = dict(goal) if goal is not None else self.task.sample_goal(rng)
         if self.goal not in self.task.all_goals():
             raise ValueError(

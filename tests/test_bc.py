@@ -129,3 +129,12 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_checkpoint(
     cfg = _mlp_config(drawer_states, tmp_path, steps=30, save_every=10, eval_episodes=0)
     with pytest.raises(FloatingPointError, match="non-finite BC loss at step 12.*step-0000010"):
         train_bc(cfg)
+
+
+def test_evaluating_a_policy_of_another_action_size_names_both_shapes() -> None:
+    from embodied.evaluate import evaluate_policy
+    from embodied.policies import MLPConfig, MLPPolicy
+
+    policy = MLPPolicy(MLPConfig(state_dim=4, action_dim=7))
+    with pytest.raises(ValueError, match=r"shape \(7,\).*Reach.*shape \(4,\)"):
+        evaluate_policy(policy, "Reach", 1, 0, {"obs_mode": "state"})

@@ -104,6 +104,32 @@ def test_state_only_policy_acts():
     assert out.policy_outputs["chain"].shape == (4, 5 + 1, 8, 2)  # finetune_steps = all 5
 
 
+def test_environment_state_and_conditioning_mlp_are_used():
+    stats = {**STATS, "observation.environment_state": {"mean": np.zeros(5), "std": np.ones(5)}}
+    torch.manual_seed(0)
+    config = tiny_config(env_state_dim=5, cond_mlp_dims=[24])
+    policy = DiffusionPolicy(config).fit_normalizers(stats)
+    assert policy.input_keys() == [
+        "observation.image",
+        "observation.state",
+        "observation.environment_state",
+    ]
+    assert policy.model.global_cond_dim == 24
+    obs = observations()
+    env_state = torch.randn(4, 2, 5, generator=torch.Generator().manual_seed(3))
+    cond = policy.global_cond(
+        policy.model, {**obs, "observation.environment_state": env_state}, INSTRUCTIONS
+    )
+    moved = policy.global_cond(
+        policy.model, {**obs, "observation.environment_state": env_state + 1.0}, INSTRUCTIONS
+    )
+    assert cond.shape == (4, 24) and not torch.allclose(cond, moved)
+    with pytest.raises(ValueError, match="observation.environment_state"):
+        policy.act(obs, INSTRUCTIONS)  # the privileged state is missing
+    with pytest.raises(ValueError, match="observation.environment_state"):
+        DiffusionPolicy(config).fit_normalizers(STATS)
+
+
 def test_denoising_step_matches_diffusers_ddim():
     policy = tiny_policy()
     obs = observations()

@@ -152,6 +152,22 @@ def test_different_seeds_give_different_layouts_and_instructions(state_env):
     assert len(goals) >= 2
 
 
+def test_goal_cycle_shows_one_layout_with_every_goal():
+    env = sims.make("PickPlace", obs_mode="state", goal_cycle=True)
+    goals = env.unwrapped.task.all_goals()
+    layouts, seen = [], []
+    for seed in range(len(goals) + 1):
+        obs, info = env.reset(seed=seed)
+        layouts.append(obs["environment_state"])
+        seen.append(dict(env.unwrapped.goal))
+    # Seeds 0..G-1: one scene, each goal once, in all_goals order; seed G: the next scene.
+    assert seen[: len(goals)] == goals
+    for layout in layouts[1 : len(goals)]:
+        np.testing.assert_array_equal(layout, layouts[0])
+    assert not np.allclose(layouts[len(goals)], layouts[0])
+    env.close()
+
+
 def test_different_seeds_give_different_images():
     env = sims.make("PickPlace", image_size=48)
     try:

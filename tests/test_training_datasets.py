@@ -54,6 +54,18 @@ def test_bc_windows_pad_at_episode_edges(dataset: LeRobotDataset) -> None:
     assert batch["action"].shape == (4, 8, 4) and len(batch["instruction"]) == 4
 
 
+def test_bc_windows_decode_only_the_requested_features(dataset: LeRobotDataset) -> None:
+    full = BCDataset(dataset, n_obs_steps=2, horizon=8)
+    state_only = BCDataset(dataset, n_obs_steps=2, horizon=8, keys=["observation.state"])
+    item, full_item = state_only[5], full[5]
+    assert "observation.image" not in item and "observation.image" in full_item
+    for key in ("observation.state", "action", "action_is_pad"):
+        assert torch.equal(item[key], full_item[key])
+    assert item["instruction"] == full_item["instruction"]
+    with pytest.raises(ValueError, match="observation.depth"):
+        BCDataset(dataset, keys=["observation.depth"])
+
+
 def test_bc_rejects_a_horizon_shorter_than_the_history(dataset: LeRobotDataset) -> None:
     with pytest.raises(ValueError, match="n_obs_steps=4, horizon=2"):
         BCDataset(dataset, n_obs_steps=4, horizon=2)
