@@ -92,6 +92,17 @@ def _cmd_train_bc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train_reward(args: argparse.Namespace) -> int:
+    from embodied.config import load_config
+    from embodied.train.reward import RewardTrainConfig, train_reward
+
+    overrides = list(args.overrides) + ([f"resume={args.resume}"] if args.resume else [])
+    cfg = load_config(RewardTrainConfig, args.config, overrides)
+    run = train_reward(cfg)
+    print(f"model: {run.path / 'model'}")
+    return 0
+
+
 def _cmd_tasks(args: argparse.Namespace) -> int:
     import embodied.sims as sims
 
@@ -202,13 +213,18 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("dataset")
     validate.set_defaults(func=_cmd_dataset_validate)
 
-    train = sub.add_parser("train", help="train a policy")
+    train = sub.add_parser("train", help="train a policy or a reward model")
     train_sub = train.add_subparsers(dest="algorithm", metavar="ALGORITHM", required=True)
     bc = train_sub.add_parser("bc", help="behaviour cloning from a LeRobot v3 dataset")
     bc.add_argument("config", nargs="?", default=None, help="YAML config (BCConfig)")
     bc.add_argument("overrides", nargs="*", help="dotted overrides, e.g. steps=2000")
     bc.add_argument("--resume", default=None, help="run directory to continue exactly")
     bc.set_defaults(func=_cmd_train_bc)
+    reward = train_sub.add_parser("reward", help="progress reward model from a labelled dataset")
+    reward.add_argument("config", nargs="?", default=None, help="YAML config (RewardTrainConfig)")
+    reward.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.d_model=128")
+    reward.add_argument("--resume", default=None, help="run directory to continue exactly")
+    reward.set_defaults(func=_cmd_train_reward)
 
     tasks = sub.add_parser("tasks", help="list the tasks of a suite")
     tasks.add_argument("--suite", default="tabletop", choices=["tabletop", "metaworld"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,11 +19,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from embodied.io import atomic_open, atomic_write_text
+from embodied.nn import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,  # noqa: F401  (re-exported)
+    config_from_dict,
+    load_exact,
+    load_weights,
+    read_pretrained,
+    save_pretrained,
+)
 from embodied.types import ActionOutput
-
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 
 POLICIES: dict[str, type[Policy]] = {}
 
@@ -144,29 +148,16 @@ class Policy(nn.Module, abc.ABC):
     # --- save / load -------------------------------------------------------------------------
     def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (atomically)."""
-        from safetensors.torch import save
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        with atomic_open(directory / WEIGHTS_NAME, "wb") as file:
-            file.write(save(state))
         config = {"policy_type": self.policy_type, **dataclasses.asdict(self.config)}
-        atomic_write_text(directory / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
-        return directory
+        return save_pretrained(self, config, directory)
 
     @classmethod
     def from_pretrained(
         cls, directory: str | os.PathLike[str], device: str | torch.device = "cpu"
     ) -> Policy:
         """Rebuild a saved policy; the class comes from ``config.json``'s ``policy_type``."""
-        from safetensors.torch import load_file
-
         directory = Path(directory)
-        for name in (CONFIG_NAME, WEIGHTS_NAME):
-            if not (directory / name).is_file():
-                raise FileNotFoundError(f"{directory} is not a saved policy: {name} is missing")
-        config = json.loads((directory / CONFIG_NAME).read_text())
+        config, weights = read_pretrained(directory, "policy")
         policy_type = config.pop("policy_type", None)
         if policy_type not in POLICIES:
             raise ValueError(
@@ -177,38 +168,12 @@ class Policy(nn.Module, abc.ABC):
         if cls is not Policy and not issubclass(policy_cls, cls):
             raise ValueError(f"{directory} holds a {policy_type!r} policy, not a {cls.__name__}")
         policy = policy_cls(_config_from_dict(policy_cls.config_class, config, directory))
-        _load_exact(policy, load_file(str(directory / WEIGHTS_NAME)), directory / WEIGHTS_NAME)
+        load_weights(policy, weights)
         return policy.to(device)
 
 
-def _config_from_dict(config_class: type, values: dict[str, Any], directory: Path) -> Any:
-    """The config dataclass from ``config.json``, naming unknown keys."""
-    names = {f.name for f in dataclasses.fields(config_class)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ValueError(
-            f"{directory / CONFIG_NAME}: unknown keys {unknown} for {config_class.__name__}"
-        )
-    return config_class(**values)
-
-
-def _load_exact(module: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
-    """Load weights that match the module exactly: missing, extra or reshaped tensors are errors
-    naming the tensor and both shapes (a config that does not match its weights)."""
-    own = module.state_dict()
-    missing = sorted(set(own) - set(state))
-    extra = sorted(set(state) - set(own))
-    if missing or extra:
-        raise ValueError(
-            f"{path}: weights do not match the config: missing {missing}, extra {extra}"
-        )
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(own[name].shape):
-            raise ValueError(
-                f"{path}: weight {name!r} has shape {tuple(tensor.shape)} but the config builds "
-                f"{tuple(own[name].shape)}"
-            )
-    module.load_state_dict(state, strict=True)
+_config_from_dict = config_from_dict  # shared with the reward models (embodied.nn)
+_load_exact = load_exact
 
 
 def make_policy(policy_type: str, config: Any = None, **overrides: Any) -> Policy:

@@ -96,6 +96,7 @@ class DiffusionConfig:
     vision_channels: list[int] = field(default_factory=lambda: [32, 64, 128])
     num_keypoints: int = 32
     cond_mlp_dims: list[int] = field(default_factory=list)  # MLP on the conditioning; [] = none
+    state_noise: float = 0.0  # BC augmentation: N(0, s^2) added to the normalised (env) state
     num_train_timesteps: int = 100
     num_inference_steps: int = 10
     beta_schedule: str = "squaredcos_cap_v2"
@@ -170,6 +171,10 @@ class DiffusionConfig:
                     f"{type(self).__name__}.image_keys: {key!r} is not 'observation.image' or "
                     "'observation.images.<camera>'"
                 )
+        if self.state_noise < 0:
+            raise ValueError(
+                f"{type(self).__name__}.state_noise must be >= 0, got {self.state_noise}"
+            )
         if not 0.0 < self.ema_decay < 1.0 or self.min_std <= 0 or self.ddim_eta < 0:
             raise ValueError(
                 f"{type(self).__name__} needs 0 < ema_decay < 1, min_std > 0, ddim_eta >= 0; got "
@@ -482,7 +487,11 @@ class DiffusionPolicy(Policy):
         return x
 
     def global_cond(
-        self, net: DiffusionNet, obs: Mapping[str, Any], instructions: Sequence[str]
+        self,
+        net: DiffusionNet,
+        obs: Mapping[str, Any],
+        instructions: Sequence[str],
+        state_noise: float = 0.0,
     ) -> torch.Tensor:
         """``[B, G]``: per-step image features, normalised state (and environment state),
         flattened, ++ instruction."""
@@ -506,7 +515,7 @@ class DiffusionPolicy(Policy):
                 )
             features = encoder(images.reshape(-1, *size))  # [B * n_obs, E]
             per_step.append(features.reshape(batch, config.n_obs_steps, -1))
-        per_step.append(self.state_normalizer.normalize(state))
+        states = [self.state_normalizer.normalize(state)]
         if self.env_state_normalizer is not None:
             env_state = self._feature(obs, ENV_STATE_KEY, (config.env_state_dim,)).float()
             if env_state.shape[0] != batch or not torch.isfinite(env_state).all():
@@ -514,7 +523,10 @@ class DiffusionPolicy(Policy):
                     f"observation {ENV_STATE_KEY!r} must be finite with batch {batch}, got "
                     f"shape {tuple(env_state.shape)}"
                 )
-            per_step.append(self.env_state_normalizer.normalize(env_state))
+            states.append(self.env_state_normalizer.normalize(env_state))
+        if state_noise > 0:  # BC augmentation against memorising exact states
+            states = [x + state_noise * torch.randn_like(x) for x in states]
+        per_step += states
         steps = torch.cat(per_step, dim=-1).flatten(1)  # [B, n_obs * (n_cam * E + D)]
         cond = torch.cat([steps, net.instruction_encoder(list(instructions))], dim=-1)
         return net.cond_mlp(cond)
@@ -528,7 +540,7 @@ class DiffusionPolicy(Policy):
         shape (0 where ``action_is_pad``)."""
         config = self.config
         net = self.model
-        cond = self.global_cond(net, batch, batch["instruction"])
+        cond = self.global_cond(net, batch, batch["instruction"], config.state_noise)
         actions = torch.as_tensor(batch["action"], device=self.device, dtype=torch.float32)
         expected = (cond.shape[0], config.horizon, config.action_dim)
         if tuple(actions.shape) != expected:

@@ -1,4 +1,10 @@
-"""Rewards: progress-reward models, labels, success detectors, costs, metrics (core only)."""
+"""Rewards: progress-reward models, labels, success detectors, costs, metrics (core only).
+
+The torch model (``ProgressRewardModel``) is imported on first use, so labelling and metrics do
+not pay for importing torch.
+"""
+
+from typing import Any
 
 from embodied.rewards.labels import (
     label_trajectories,
@@ -17,8 +23,49 @@ from embodied.rewards.metrics import (
     value_order_correlation,
     voc_summary,
 )
+from embodied.rewards.shaping import (
+    RewardShaper,
+    ShapedRewards,
+    chunk_rewards,
+    collision_costs,
+    corrected_success,
+    discounted_returns,
+    potential_rewards,
+    step_costs,
+    success_bonus,
+)
+from embodied.rewards.vlm_judge import (
+    JudgeRequest,
+    JudgeResult,
+    VLMJudge,
+    build_prompt,
+    judged_voc,
+    make_permutation,
+    parse_completion,
+    unshuffle,
+)
 
 __all__ = [
+    "RewardShaper",
+    "ShapedRewards",
+    "chunk_rewards",
+    "collision_costs",
+    "corrected_success",
+    "discounted_returns",
+    "potential_rewards",
+    "step_costs",
+    "success_bonus",
+    "JudgeRequest",
+    "JudgeResult",
+    "VLMJudge",
+    "build_prompt",
+    "judged_voc",
+    "make_permutation",
+    "parse_completion",
+    "unshuffle",
+    "ProgressConfig",
+    "ProgressRewardModel",
+    "augment_frames",
     "calibration_error",
     "label_trajectories",
     "median_stage_change",
@@ -33,3 +80,13 @@ __all__ = [
     "visual_change",
     "voc_summary",
 ]
+
+_LAZY = {"ProgressConfig", "ProgressRewardModel", "augment_frames"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from embodied.rewards import progress
+
+        return getattr(progress, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -130,6 +130,31 @@ def test_environment_state_and_conditioning_mlp_are_used():
         DiffusionPolicy(config).fit_normalizers(STATS)
 
 
+def test_state_noise_only_perturbs_the_bc_loss():
+    policy = tiny_policy(state_noise=0.5)
+    obs = observations()
+    batch = {
+        **obs,
+        "action": torch.zeros(4, 8, 2),
+        "action_is_pad": torch.zeros(4, 8, dtype=torch.bool),
+        "instruction": INSTRUCTIONS,
+    }
+    # Sampling and log-prob recomputation never see the augmentation (RL ratios stay exact) ...
+    out = policy.act(obs, INSTRUCTIONS, generator=torch.Generator().manual_seed(0))
+    recomputed = policy.log_prob(obs, INSTRUCTIONS, out.policy_outputs)
+    torch.testing.assert_close(recomputed, out.policy_outputs["log_probs"], atol=1e-4, rtol=0)
+    # ... while the BC loss does: same diffusion noise, different state noise, different loss.
+    losses = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        losses.append(policy.bc_loss(batch).item())
+    clean = tiny_policy(state_noise=0.0)
+    torch.manual_seed(0)
+    assert losses[0] == losses[1] and losses[0] != clean.bc_loss(batch).item()
+    with pytest.raises(ValueError, match="state_noise"):
+        tiny_config(state_noise=-1.0)
+
+
 def test_denoising_step_matches_diffusers_ddim():
     policy = tiny_policy()
     obs = observations()

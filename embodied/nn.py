@@ -1,0 +1,227 @@
+"""Neural-network building blocks shared by the peers (policies, rewards): encoders and save/load.
+
+- ``ImageEncoder``: Diffusion Policy's camera encoder, scaled down: a small ResNet with GroupNorm
+  (batch statistics are a poor fit for the small, correlated batches of RL) ending in a
+  spatial-softmax keypoint head, whose expected (x, y) keypoint coordinates feed a linear layer.
+  It takes ``uint8 [N, H, W, 3]`` images and scales them to [0, 1] itself.
+- ``InstructionEncoder``: a bag of words. Instructions are lower-cased and split into words; each
+  word's index in ``vocab`` (index 0 = unknown word) selects a learned embedding, and the
+  embeddings of an instruction's words are averaged (padding masked out).
+- ``save_pretrained`` / ``load_pretrained``: Hugging Face style directories (``config.json`` +
+  ``model.safetensors``) written atomically; loading refuses weights that do not match the config,
+  naming the tensor and both shapes, and config keys the dataclass does not have.
+
+``embodied.policies`` and ``embodied.rewards`` never import each other; both import these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embodied.io import atomic_open, atomic_write_text
+
+UNKNOWN_WORD = "<unk>"
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def group_norm(channels: int) -> nn.GroupNorm:
+    """GroupNorm with up to 8 groups that divide ``channels``."""
+    return nn.GroupNorm(math.gcd(channels, 8), channels)
+
+
+class ResidualBlock2d(nn.Module):
+    """Two 3x3 convolutions with GroupNorm and a (projected) skip: ``relu(f(x) + skip(x))``."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.norm1 = group_norm(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.norm2 = group_norm(out_channels)
+        self.skip: nn.Module = nn.Identity()
+        if stride != 1 or in_channels != out_channels:
+            self.skip = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+                group_norm(out_channels),
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, C_in, H, W] -> [N, C_out, H / stride, W / stride]``."""
+        h = F.relu(self.norm1(self.conv1(x)))
+        h = self.norm2(self.conv2(h))
+        return F.relu(h + self.skip(x))
+
+
+class SpatialSoftmax(nn.Module):
+    """Keypoints from a feature map: ``softmax`` over pixels per keypoint channel, then the
+    expected pixel coordinates in [-1, 1] (Levine et al. 2016; Diffusion Policy's image head)."""
+
+    def __init__(self, in_channels: int, num_keypoints: int) -> None:
+        super().__init__()
+        self.keypoints = nn.Conv2d(in_channels, num_keypoints, 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """``[N, C, H, W] -> [N, 2 * num_keypoints]`` as (x_1, y_1, x_2, y_2, ...)."""
+        logits = self.keypoints(features)  # [N, K, H, W]
+        n, k, h, w = logits.shape
+        attention = torch.softmax(logits.reshape(n, k, h * w), dim=-1)  # [N, K, H*W]
+        ys, xs = torch.meshgrid(
+            torch.linspace(-1, 1, h, device=features.device, dtype=features.dtype),
+            torch.linspace(-1, 1, w, device=features.device, dtype=features.dtype),
+            indexing="ij",
+        )
+        grid = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)  # [H*W, 2]
+        return (attention @ grid).reshape(n, 2 * k)  # E[x], E[y] per keypoint
+
+
+class ImageEncoder(nn.Module):
+    """One camera's encoder: ``uint8 [N, H, W, 3] -> float [N, out_dim]``.
+
+    A stride-2 stem, one residual block per entry of ``channels`` (the first keeps the
+    resolution, the rest halve it), a spatial-softmax keypoint head and ``Linear + ReLU``.
+    """
+
+    def __init__(
+        self, channels: Sequence[int] = (32, 64, 128), num_keypoints: int = 32, out_dim: int = 64
+    ) -> None:
+        super().__init__()
+        channels = list(channels)
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, channels[0], 3, 2, 1, bias=False), group_norm(channels[0]), nn.ReLU()
+        )
+        blocks, width = [], channels[0]
+        for i, c in enumerate(channels):
+            blocks.append(ResidualBlock2d(width, c, stride=1 if i == 0 else 2))
+            width = c
+        self.blocks = nn.Sequential(*blocks)
+        self.pool = SpatialSoftmax(width, num_keypoints)
+        self.out = nn.Linear(2 * num_keypoints, out_dim)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Channels-last uint8 images to features; pixels are scaled to [0, 1] here."""
+        x = images.permute(0, 3, 1, 2).float() / 255.0
+        return F.relu(self.out(self.pool(self.blocks(self.stem(x)))))
+
+
+def tokenize_words(text: str) -> list[str]:
+    """Lower-cased alphanumeric words of an instruction (``"Pick the Red-cube."`` -> 4 words)."""
+    return _WORD.findall(text.lower())
+
+
+def build_vocab(instructions: Iterable[str]) -> list[str]:
+    """The vocabulary of a set of instructions: ``["<unk>", *sorted words]`` (index 0 = unknown)."""
+    words = {word for text in instructions for word in tokenize_words(text)}
+    return [UNKNOWN_WORD, *sorted(words - {UNKNOWN_WORD})]
+
+
+class InstructionEncoder(nn.Module):
+    """Bag-of-words instruction embedding: the mean of learned word embeddings.
+
+    ``vocab[i]`` has id ``i`` for ``i >= 1``; id 0 is every word not in ``vocab[1:]``. An empty
+    instruction embeds to zeros.
+    """
+
+    def __init__(self, vocab: Sequence[str], embed_dim: int) -> None:
+        super().__init__()
+        self.word_ids = {word: i for i, word in enumerate(vocab) if i > 0}
+        self.embedding = nn.Embedding(max(len(vocab), 1), embed_dim)
+
+    def tokenize(
+        self, instructions: Sequence[str], device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Word ids ``[B, L]`` (int64, padded with 0) and a mask ``[B, L]`` (True = real word)."""
+        ids = [[self.word_ids.get(w, 0) for w in tokenize_words(text)] for text in instructions]
+        length = max([len(row) for row in ids] + [1])
+        padded = torch.zeros(len(ids), length, dtype=torch.long)
+        mask = torch.zeros(len(ids), length, dtype=torch.bool)
+        for b, row in enumerate(ids):
+            padded[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[b, : len(row)] = True
+        return padded.to(device), mask.to(device)
+
+    def forward(self, instructions: Sequence[str]) -> torch.Tensor:
+        """``B`` instructions -> ``[B, embed_dim]``: ``sum(mask * emb) / max(sum(mask), 1)``."""
+        ids, mask = self.tokenize(instructions, self.embedding.weight.device)
+        weights = mask.to(self.embedding.weight.dtype).unsqueeze(-1)  # [B, L, 1]
+        total = (self.embedding(ids) * weights).sum(dim=1)
+        return total / weights.sum(dim=1).clamp(min=1.0)
+
+
+# --- save / load (Hugging Face style) ----------------------------------------------------------
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+def save_pretrained(
+    module: nn.Module, config: dict[str, Any], directory: str | os.PathLike[str]
+) -> Path:
+    """Write ``config.json`` (``config``, JSON-able) and ``model.safetensors`` (the module's
+    state dict) into ``directory``, each atomically."""
+    from safetensors.torch import save
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+    with atomic_open(directory / WEIGHTS_NAME, "wb") as file:
+        file.write(save(state))
+    atomic_write_text(directory / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def read_pretrained(
+    directory: str | os.PathLike[str], what: str = "model"
+) -> tuple[dict[str, Any], Path]:
+    """``(config dict, weights path)`` of a saved directory; missing files name the directory."""
+    directory = Path(directory)
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory} is not a saved {what}: {name} is missing")
+    return json.loads((directory / CONFIG_NAME).read_text()), directory / WEIGHTS_NAME
+
+
+def config_from_dict(config_class: type, values: dict[str, Any], directory: Path) -> Any:
+    """The config dataclass from ``config.json``, naming unknown keys."""
+    names = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(
+            f"{Path(directory) / CONFIG_NAME}: unknown keys {unknown} for {config_class.__name__}"
+        )
+    return config_class(**values)
+
+
+def load_exact(module: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+    """Load weights that match the module exactly: missing, extra or reshaped tensors are errors
+    naming the tensor and both shapes (a config that does not match its weights)."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    extra = sorted(set(state) - set(own))
+    if missing or extra:
+        raise ValueError(
+            f"{path}: weights do not match the config: missing {missing}, extra {extra}"
+        )
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(own[name].shape):
+            raise ValueError(
+                f"{path}: weight {name!r} has shape {tuple(tensor.shape)} but the config builds "
+                f"{tuple(own[name].shape)}"
+            )
+    module.load_state_dict(state, strict=True)
+
+
+def load_weights(module: nn.Module, path: str | os.PathLike[str]) -> None:
+    """Load ``model.safetensors`` at ``path`` into ``module`` exactly (see ``load_exact``)."""
+    from safetensors.torch import load_file
+
+    load_exact(module, load_file(str(path)), Path(path))

@@ -1,0 +1,291 @@
+"""Progress reward model training: ``embodied train reward CONFIG [key=value ...]``.
+
+Reads top to bottom: load a labelled LeRobot dataset (``embodied label`` writes
+``progress.label``) -> split episodes into train / validation by held-out seeds (all episodes of a
+seed, rewound copies included, go to one side) and, optionally, held-out instructions -> build the
+model (vocabulary from the dataset's instructions, image size from its camera) -> AdamW + cosine
+-> each step, a batch of clips that is a pure function of (seed, step), so ``resume`` continues
+exactly: a prefix clip from ``RewardDataset``'s index, its end jittered, a random stride and
+sometimes a random start (so the model sees histories of every length and spacing), then image
+augmentation (a shift of a few pixels, brightness and colour jitter) -> periodic validation on
+whole held-out episodes: VOC on successes, success AUROC of the final progress, MAE vs the label
+-> checkpoints -> the final model via ``save_pretrained`` in ``run_dir/model``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from embodied.rewards.progress import ProgressConfig, ProgressRewardModel, augment_frames
+from embodied.run import RunDir, progress, seed_everything
+from embodied.train.common import (
+    OptimConfig,
+    batch_indices,
+    latest_checkpoint,
+    load_checkpoint,
+    make_optimizer,
+    resolve_device,
+    save_checkpoint,
+)
+
+
+def _default_optim() -> OptimConfig:
+    return OptimConfig(lr=3e-4, weight_decay=1e-4, betas=(0.9, 0.999), warmup_steps=100)
+
+
+@dataclass
+class RewardTrainConfig:
+    """Reward-model run; every field can be overridden as ``key=value`` (``model.d_model=128``).
+    ``model.image_size`` and ``model.vocab`` always come from the dataset."""
+
+    dataset: str = "???"
+    name: str = "reward"
+    out: str = "runs"
+    model: ProgressConfig = field(default_factory=ProgressConfig)
+    label_key: str = "progress.label"
+    image_key: str = ""  # default: the dataset's first camera
+    clip_len: int = 8
+    clip_len_max: int = 0  # > clip_len: each batch draws its length in [clip_len, clip_len_max]
+    clips_per_episode: int = 8
+    start_crop: float = 0.3  # probability that a clip starts at a random frame, not frame 0
+    shift: int = 4  # image augmentation: pixels
+    brightness: float = 0.2
+    color: float = 0.1
+    val_fraction: float = 0.2  # of the seeds (episode groups) held out
+    val_instruction_fraction: float = 0.0  # of the distinct instructions held out
+    # At most this many evenly spaced frames scored per val episode; 0 = the longest training clip
+    # (scoring more frames than the model was trained on puts positions out of distribution).
+    eval_frames: int = 0
+    steps: int = 2000
+    batch_size: int = 32
+    optim: OptimConfig = field(default_factory=_default_optim)
+    seed: int = 0
+    device: str = "auto"
+    eval_every: int = 500
+    save_every: int = 500
+    log_every: int = 50
+    resume: str = ""  # a run directory to continue from its latest checkpoint
+
+    def __post_init__(self) -> None:
+        if self.eval_frames < 0:
+            raise ValueError(f"eval_frames must be >= 0 (0 = auto), got {self.eval_frames}")
+        for name in ("clip_len", "clips_per_episode", "steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.clip_len_max and self.clip_len_max < self.clip_len:
+            raise ValueError(
+                f"clip_len_max must be 0 or >= clip_len ({self.clip_len}), got {self.clip_len_max}"
+            )
+        for name in ("eval_every", "save_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("start_crop", "val_fraction", "val_instruction_fraction"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be a fraction in [0, 1), got {getattr(self, name)}")
+        if self.shift < 0 or self.brightness < 0 or self.color < 0:
+            raise ValueError("shift, brightness and color must be >= 0")
+
+
+def _unit_hash(text: str) -> float:
+    """A stable number in [0, 1) for ``text`` (the same on every machine and Python run)."""
+    return int(hashlib.sha256(text.encode()).hexdigest()[:12], 16) / 16**12
+
+
+def split_episodes(
+    table: list[dict[str, Any]], val_fraction: float, val_instruction_fraction: float = 0.0
+) -> tuple[list[int], list[int]]:
+    """(train, val) episode indices. ``round(val_fraction * seeds)`` seeds (at least one when the
+    fraction is > 0 and there are two or more), those with the smallest hash, go to validation
+    with all their episodes; so do episodes whose instruction's hash is below
+    ``val_instruction_fraction`` (instruction variants never seen in training)."""
+
+    def group(row: dict[str, Any]) -> str:
+        seed = int(row.get("seed", -1))
+        return f"seed:{seed}" if seed >= 0 else f"episode:{row['episode_index']}"
+
+    groups = sorted({group(row) for row in table}, key=_unit_hash)
+    n_val = round(val_fraction * len(groups))
+    if val_fraction > 0 and len(groups) > 1:
+        n_val = min(max(n_val, 1), len(groups) - 1)
+    held = set(groups[:n_val])
+    train, val = [], []
+    for row in table:
+        text = " | ".join(row.get("tasks", []))
+        unseen = _unit_hash(f"instruction:{text}") < val_instruction_fraction
+        (val if group(row) in held or unseen else train).append(int(row["episode_index"]))
+    return train, val
+
+
+def sample_clip(end: int, last: int, clip_len: int, start_crop: float, rng: np.random.Generator):
+    """Frame indices ``[clip_len]`` of a clip ending near ``end`` (jittered, within ``0..last``):
+    a random stride up to what spans the history, starting at 0 unless cropped."""
+    spread = max(1, last // 8)
+    end = int(np.clip(end + rng.integers(-spread, spread + 1), 0, last))
+    start = int(rng.integers(0, end + 1)) if rng.random() < start_crop else 0
+    max_stride = max(1, math.ceil((end - start) / max(clip_len - 1, 1)))
+    stride = int(rng.integers(1, max_stride + 1))
+    idx = end - stride * np.arange(clip_len)[::-1]
+    return np.clip(idx, start, last)
+
+
+def eval_indices(length: int, max_frames: int) -> np.ndarray:
+    """Evenly spaced frames of an episode (first and last included), at most ``max_frames``."""
+    return np.unique(np.linspace(0, length - 1, min(length, max_frames)).round().astype(int))
+
+
+def make_batch(
+    clips: Any, cfg: RewardTrainConfig, step: int, device: torch.device
+) -> dict[str, Any]:
+    """The training batch of ``step``: a pure function of (``cfg.seed``, ``step``). With
+    ``clip_len_max``, the clip length varies per batch (so the time embedding sees every position
+    up to it) and the batch shrinks to keep about ``batch_size * clip_len`` frames."""
+    rng = np.random.default_rng([cfg.seed, step, 1])
+    length = cfg.clip_len
+    if cfg.clip_len_max > cfg.clip_len:
+        length = int(rng.integers(cfg.clip_len, cfg.clip_len_max + 1))
+    size = max(1, cfg.batch_size * cfg.clip_len // length)
+    idx = batch_indices(len(clips), size, cfg.seed, step)
+    frames, labels, success, instructions = [], [], [], []
+    for i in idx:
+        episode, end = clips.index[int(i)]
+        columns = clips.cache.frames(episode)
+        last = len(columns[clips.label_key]) - 1
+        sel = sample_clip(end, last, length, cfg.start_crop, rng)
+        frames.append(torch.from_numpy(np.ascontiguousarray(columns[clips.image_key][sel])))
+        labels.append(torch.from_numpy(columns[clips.label_key][sel].astype(np.float32)))
+        done = columns["success"][sel[-1]] if "success" in columns else sel[-1] == last
+        success.append(bool(done) and bool(clips.success[episode]))
+        instructions.append(clips.cache.instruction(columns))
+    generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    batch_frames = augment_frames(
+        torch.stack(frames), generator, cfg.shift, cfg.brightness, cfg.color
+    )
+    return {
+        "frames": batch_frames.to(device),
+        "progress": torch.stack(labels).to(device),
+        "success": torch.tensor(success, dtype=torch.float32, device=device),
+        "instruction": instructions,
+    }
+
+
+@torch.no_grad()
+def evaluate_progress(model: Any, clips: Any, episodes: list[int], max_frames: int) -> dict:
+    """VOC (successful and all episodes), success AUROC of the final progress and of the success
+    head, and MAE vs the label, on whole episodes scored causally at ``max_frames`` frames."""
+    from embodied.rewards.metrics import success_auroc, voc_summary
+
+    was_training = model.training
+    model.eval()
+    preds, finals, probs, outcomes, errors = [], [], [], [], []
+    for episode in episodes:
+        columns = clips.cache.frames(episode)
+        sel = eval_indices(len(columns[clips.label_key]), max_frames)
+        frames = torch.from_numpy(np.ascontiguousarray(columns[clips.image_key][sel]))[None]
+        out = model(frames, [clips.cache.instruction(columns)])
+        pred = out["progress"][0].cpu().numpy().astype(np.float64)
+        preds.append(pred)
+        finals.append(pred[-1])
+        probs.append(float(torch.sigmoid(out["success_logits"][0, -1])))
+        outcomes.append(bool(clips.success[episode]))
+        errors.append(np.abs(pred - columns[clips.label_key][sel]))
+    model.train(was_training)
+    outcomes_arr = np.array(outcomes, dtype=bool)
+    result: dict[str, float] = {
+        "val/episodes": len(episodes),
+        "val/progress_mae": float(np.concatenate(errors).mean()),
+    }
+    successes = [p for p, ok in zip(preds, outcomes, strict=True) if ok]
+    if successes:
+        summary = voc_summary(successes)
+        result |= {
+            "val/voc_success_mean": summary["mean"],
+            "val/voc_success_median": summary["median"],
+        }
+    result["val/voc_all_mean"] = voc_summary(preds)["mean"]
+    if outcomes_arr.any() and not outcomes_arr.all():
+        result["val/success_auroc"] = success_auroc(np.array(finals), outcomes_arr)
+        result["val/success_prob_auroc"] = success_auroc(np.array(probs), outcomes_arr)
+    return result
+
+
+def train_reward(cfg: RewardTrainConfig) -> RunDir:
+    """Train, validate, checkpoint; return the run directory (final model in ``model/``)."""
+    from embodied.datasets import LeRobotDataset
+    from embodied.datasets.training import RewardDataset
+    from embodied.nn import build_vocab
+
+    seed_everything(cfg.seed)
+    device = resolve_device(cfg.device)
+    dataset = LeRobotDataset(cfg.dataset)
+    if cfg.label_key not in dataset.features:
+        raise ValueError(
+            f"dataset {cfg.dataset} has no {cfg.label_key!r} labels: run "
+            f"`embodied label {cfg.dataset}` first"
+        )
+    train_eps, val_eps = split_episodes(
+        dataset.episodes_table(), cfg.val_fraction, cfg.val_instruction_fraction
+    )
+    if not train_eps:
+        raise ValueError(
+            f"no training episodes left after holding out val_fraction={cfg.val_fraction} and "
+            f"val_instruction_fraction={cfg.val_instruction_fraction} of {dataset.num_episodes}"
+        )
+    clips = RewardDataset(
+        dataset,
+        clip_len=cfg.clip_len,
+        clips_per_episode=cfg.clips_per_episode,
+        label_key=cfg.label_key,
+        image_key=cfg.image_key or None,
+        episodes=train_eps,
+    )
+    shape = dataset.features[clips.image_key]["shape"]  # [H, W, 3]
+    if shape[0] != shape[1]:
+        raise ValueError(f"{clips.image_key} frames must be square, got shape {shape}")
+    model_cfg = cfg.model
+    if not isinstance(model_cfg, ProgressConfig):
+        model_cfg = ProgressConfig(**dict(model_cfg))
+    model_cfg = replace(model_cfg, image_size=int(shape[0]), vocab=build_vocab(dataset.tasks))
+    model = ProgressRewardModel(model_cfg).to(device)
+    optimizer, scheduler = make_optimizer(model.parameters(), cfg.optim, cfg.steps)
+    run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=cfg)
+    start = 0
+    checkpoint = latest_checkpoint(run.checkpoints) if cfg.resume else None
+    if checkpoint is not None:
+        start, _ = load_checkpoint(checkpoint, model, optimizer, scheduler)
+
+    eval_frames = cfg.eval_frames or max(cfg.clip_len, cfg.clip_len_max)
+    with run.metrics() as metrics:
+        if start == 0:
+            metrics.log(
+                {"data/train_episodes": len(train_eps), "data/val_episodes": len(val_eps)}, 0
+            )
+        for step in progress(range(start, cfg.steps), total=cfg.steps - start, desc="reward"):
+            batch = make_batch(clips, cfg, step, device)
+            losses = model.losses(batch)
+            if not torch.isfinite(losses["loss"]):
+                raise FloatingPointError(
+                    f"non-finite reward loss at step {step}; the last good checkpoint is "
+                    f"{latest_checkpoint(run.checkpoints)}"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            losses["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                logged = {f"train/{k}": v.item() for k, v in losses.items()}
+                metrics.log({**logged, "train/lr": scheduler.get_last_lr()[0]}, done)
+            if val_eps and (done % cfg.eval_every == 0 or done == cfg.steps):
+                metrics.log(evaluate_progress(model, clips, val_eps, eval_frames), done)
+            if done % cfg.save_every == 0 or done == cfg.steps:
+                save_checkpoint(run.checkpoints, done, model, optimizer, scheduler)
+    model.save_pretrained(run.path / "model")
+    return run

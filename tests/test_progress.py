@@ -1,0 +1,396 @@
+"""Progress reward model: shapes, causality, learning, save/load, bad input, training end to end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embodied.nn import build_vocab
+from embodied.rewards.metrics import value_order_correlation
+from embodied.rewards.progress import ProgressConfig, ProgressRewardModel, augment_frames
+
+SIZE = 16
+INSTRUCTIONS = ["push the red square right", "push the blue square right"]
+
+
+def tiny_config(**overrides) -> ProgressConfig:
+    values = dict(
+        image_size=SIZE,
+        vocab=build_vocab(INSTRUCTIONS),
+        vision_channels=[8, 16],
+        num_keypoints=8,
+        d_model=32,
+        n_heads=4,
+        n_layers=2,
+        ff_dim=64,
+        num_bins=11,
+    )
+    return ProgressConfig(**{**values, **overrides})
+
+
+def random_frames(b: int, t: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (b, t, SIZE, SIZE, 3), dtype=torch.uint8, generator=gen)
+
+
+def synthetic_episode(rng: np.random.Generator, success: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A bright square sliding right: its position is the progress; failures turn back halfway."""
+    length = int(rng.integers(10, 20))
+    t = np.arange(length)
+    if success:
+        labels = t / (length - 1)
+    else:
+        peak = rng.uniform(0.4, 0.7)
+        turn = length // 2
+        labels = np.where(t <= turn, peak * t / turn, peak * (1 - 0.6 * (t - turn) / turn))
+    frames = rng.integers(0, 40, size=(length, SIZE, SIZE, 3)).astype(np.uint8)
+    row = int(rng.integers(2, SIZE - 6))
+    for i, p in enumerate(labels):
+        x = int(round(p * (SIZE - 4)))
+        frames[i, row : row + 4, x : x + 4] = 230
+    return frames, labels.astype(np.float32)
+
+
+def synthetic_batch(rng: np.random.Generator, episodes: list, batch: int, clip: int) -> dict:
+    frames, labels, success, texts = [], [], [], []
+    for _ in range(batch):
+        e = int(rng.integers(len(episodes)))
+        ep_frames, ep_labels, ok = episodes[e]
+        end = int(rng.integers(1, len(ep_labels)))
+        idx = np.linspace(0, end, clip).round().astype(int)
+        frames.append(torch.from_numpy(ep_frames[idx]))
+        labels.append(torch.from_numpy(ep_labels[idx]))
+        success.append(float(ok and end == len(ep_labels) - 1))
+        texts.append(INSTRUCTIONS[e % 2])
+    return {
+        "frames": torch.stack(frames),
+        "progress": torch.stack(labels),
+        "success": torch.tensor(success),
+        "instruction": texts,
+    }
+
+
+# --- the model ---------------------------------------------------------------------------------
+def test_progress_has_the_right_shape_and_range() -> None:
+    torch.manual_seed(0)
+    model = ProgressRewardModel(tiny_config())
+    frames = random_frames(3, 5)
+    out = model(frames, [INSTRUCTIONS[0]] * 3)
+    assert out["progress_logits"].shape == (3, 5, 11)
+    assert out["success_logits"].shape == (3, 5)
+    progress = model.progress(frames, [INSTRUCTIONS[0]] * 3)
+    assert progress.shape == (3, 5) and progress.dtype == torch.float32
+    assert torch.all((progress >= 0) & (progress <= 1))
+    assert not progress.requires_grad
+    prob = model.success_probability(frames.numpy(), ["anything"] * 3)  # numpy works too
+    assert prob.shape == (3, 5) and torch.all((prob > 0) & (prob < 1))
+    # Two-hot targets reproduce the label as the expected bin centre.
+    labels = torch.tensor([0.0, 0.05, 0.37, 0.999, 1.0])
+    target = model.progress_target(labels)
+    assert torch.allclose(target.sum(-1), torch.ones(5))
+    assert torch.allclose(target @ model.bin_centres, labels, atol=1e-6)
+
+
+def test_outputs_are_causal_in_time() -> None:
+    torch.manual_seed(0)
+    model = ProgressRewardModel(tiny_config()).eval()
+    frames = random_frames(2, 7)
+    changed = frames.clone()
+    changed[:, 4:] = random_frames(2, 3, seed=1)
+    a = model(frames, INSTRUCTIONS)
+    b = model(changed, INSTRUCTIONS)
+    for key in ("progress", "success_logits"):
+        assert torch.allclose(a[key][:, :4], b[key][:, :4], atol=1e-6)
+        assert not torch.allclose(a[key][:, 4:], b[key][:, 4:])  # the later outputs do change
+    # Scoring a rollout online, frame by frame, gives the same numbers as the whole clip.
+    online = torch.stack(
+        [model.progress(frames[:, : t + 1], INSTRUCTIONS)[:, -1] for t in range(7)]
+    )
+    assert torch.allclose(online.T, a["progress"], atol=1e-5)
+
+
+def test_the_instruction_changes_the_estimate() -> None:
+    torch.manual_seed(0)
+    model = ProgressRewardModel(tiny_config())
+    frames = random_frames(1, 3).expand(2, -1, -1, -1, -1)
+    out = model.progress(frames, INSTRUCTIONS)
+    assert not torch.allclose(out[0], out[1])
+
+
+def test_loss_falls_and_the_model_ranks_frames_in_order() -> None:
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    episodes = [(*synthetic_episode(rng, ok), ok) for ok in [True, False] * 6]
+    model = ProgressRewardModel(tiny_config())
+
+    def train_vocs() -> list[float]:
+        model.eval()
+        with torch.no_grad():
+            vocs = [
+                value_order_correlation(
+                    model.progress(torch.from_numpy(f)[None], [INSTRUCTIONS[i % 2]])[0].numpy()
+                )
+                for i, (f, _, ok) in enumerate(episodes)
+                if ok
+            ]
+        model.train()
+        return vocs
+
+    before = float(np.mean(train_vocs()))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(150):
+        loss = model.loss(synthetic_batch(rng, episodes, 16, 6))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert np.mean(losses[-15:]) < 0.7 * np.mean(losses[:15])
+    after = train_vocs()
+    assert np.mean(after) > 0.8 and min(after) > 0.5, (before, after)
+    # Failures that turn back are scored lower at the end than at their peak.
+    model.eval()
+    with torch.no_grad():
+        for i, (frames, _, ok) in enumerate(episodes):
+            if not ok:
+                pred = model.progress(torch.from_numpy(frames)[None], [INSTRUCTIONS[i % 2]])[0]
+                assert pred[-1] < pred.max() - 0.1
+
+
+# --- save / load -------------------------------------------------------------------------------
+def test_save_load_round_trip_is_exact_in_a_fresh_process(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = ProgressRewardModel(tiny_config()).eval()
+    model.save_pretrained(tmp_path / "model")
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+    ]
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert config["model_type"] == "progress" and config["image_size"] == SIZE
+    frames = random_frames(2, 4)
+    np.save(tmp_path / "frames.npy", frames.numpy())
+    expected = model.progress(frames, INSTRUCTIONS).numpy()
+    loaded = ProgressRewardModel.from_pretrained(tmp_path / "model").eval()
+    assert np.array_equal(loaded.progress(frames, INSTRUCTIONS).numpy(), expected)
+    script = (
+        "import sys, numpy as np, torch\n"
+        "torch.set_num_threads(1)\n"
+        "from embodied.rewards import ProgressRewardModel\n"
+        "m = ProgressRewardModel.from_pretrained(sys.argv[1]).eval()\n"
+        "f = torch.from_numpy(np.load(sys.argv[2]))\n"
+        f"np.save(sys.argv[3], m.progress(f, {INSTRUCTIONS!r}).numpy())\n"
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            str(tmp_path / "model"),
+            str(tmp_path / "frames.npy"),
+            str(tmp_path / "out.npy"),
+        ],
+        check=True,
+    )
+    assert np.array_equal(np.load(tmp_path / "out.npy"), expected)
+
+
+def test_weights_that_do_not_match_the_config_name_the_tensor(tmp_path: Path) -> None:
+    ProgressRewardModel(tiny_config(num_bins=11)).save_pretrained(tmp_path / "model")
+    config_path = tmp_path / "model" / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "num_bins": 12}))
+    wrong = r"'progress_head\.\w+' has shape \(11.*config builds \(12"
+    with pytest.raises(ValueError, match=wrong):
+        ProgressRewardModel.from_pretrained(tmp_path / "model")
+    config_path.write_text(json.dumps({**config, "colour": 1}))
+    with pytest.raises(ValueError, match=r"unknown keys \['colour'\]"):
+        ProgressRewardModel.from_pretrained(tmp_path / "model")
+    (tmp_path / "model" / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="model.safetensors is missing"):
+        ProgressRewardModel.from_pretrained(tmp_path / "model")
+
+
+# --- bad input ---------------------------------------------------------------------------------
+def test_bad_inputs_are_errors_that_say_what_is_wrong() -> None:
+    model = ProgressRewardModel(tiny_config())
+    frames = random_frames(2, 3)
+    with pytest.raises(ValueError, match=r"5 dims.*\[B, T, 16, 16, 3\].*4 dims"):
+        model.progress(frames[0], INSTRUCTIONS)
+    with pytest.raises(ValueError, match=r"shape uint8 \[B, T, 16, 16, 3\], got \(2, 3, 8, 8, 3\)"):
+        model.progress(frames[:, :, :8, :8], INSTRUCTIONS)
+    with pytest.raises(ValueError, match=r"got \(2, 3, 3, 16, 16\)"):
+        model.progress(frames.permute(0, 1, 4, 2, 3).contiguous()[:, :, :, :16, :16], INSTRUCTIONS)
+    with pytest.raises(ValueError, match=r"dtype uint8.*torch.float32"):
+        model.progress(frames.float(), INSTRUCTIONS)
+    with pytest.raises(ValueError, match=r"got 1 instructions for 2 clips.*\(2, 3, 16, 16, 3\)"):
+        model.progress(frames, INSTRUCTIONS[:1])
+    with pytest.raises(ValueError, match="instructions must be a list of 2 strings"):
+        model.progress(frames, "push the red square right")
+    with pytest.raises(ValueError, match="needs 'progress'"):
+        model.loss({"frames": frames, "instruction": INSTRUCTIONS, "success": [0, 1]})
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(ValueError, match="ProgressConfig.num_bins"):
+        tiny_config(num_bins=1)
+    with pytest.raises(ValueError, match=r"ProgressConfig.d_model \(30\).*n_heads \(4\)"):
+        tiny_config(d_model=30)
+    with pytest.raises(ValueError, match="ProgressConfig.vocab"):
+        tiny_config(vocab=["push"])
+    with pytest.raises(ValueError, match="ProgressConfig.image_size"):
+        tiny_config(image_size=0)
+
+
+def test_augmentation_is_deterministic_per_clip_and_keeps_uint8() -> None:
+    frames = random_frames(3, 4)
+    a = augment_frames(frames, torch.Generator().manual_seed(5))
+    b = augment_frames(frames, torch.Generator().manual_seed(5))
+    assert a.dtype == torch.uint8 and a.shape == frames.shape and torch.equal(a, b)
+    assert not torch.equal(a, frames)
+    flat = torch.zeros(1, 2, SIZE, SIZE, 3, dtype=torch.uint8) + 100
+    out = augment_frames(flat, torch.Generator().manual_seed(0), shift=2)
+    assert torch.equal(out[:, 0], out[:, 1])  # the same transform for every frame of a clip
+    same = augment_frames(frames, torch.Generator(), shift=0, brightness=0.0, color=0.0)
+    assert torch.equal(same, frames)
+
+
+# --- training ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def labelled_reach(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Reach demos with failures (cut off, rewound), 32 px, procedure-labelled."""
+    from embodied.collect import CollectConfig, run_collect
+    from embodied.label import run_label
+
+    root = tmp_path_factory.mktemp("reward") / "reach"
+    run_collect(
+        CollectConfig(
+            task="Reach", episodes=6, out=str(root), image_size=32, cutoff=0.3, rewind=1.0
+        )
+    )
+    run_label(root)
+    return root
+
+
+def _train_config(dataset: Path, out: Path, **overrides):
+    from embodied.train.reward import RewardTrainConfig
+
+    model = ProgressConfig(
+        vision_channels=[8, 16], num_keypoints=8, d_model=32, ff_dim=64, num_bins=11
+    )
+    values = dict(
+        dataset=str(dataset),
+        out=str(out),
+        model=model,
+        clip_len=6,
+        clip_len_max=10,
+        batch_size=8,
+        steps=30,
+        eval_every=15,
+        save_every=10,
+        log_every=10,
+        val_fraction=0.34,
+    )
+    return RewardTrainConfig(**{**values, **overrides})
+
+
+def test_train_reward_end_to_end(labelled_reach: Path, tmp_path: Path) -> None:
+    from embodied.datasets import LeRobotDataset
+    from embodied.run import read_metrics
+    from embodied.train.reward import train_reward
+
+    run = train_reward(_train_config(labelled_reach, tmp_path))
+    metrics = read_metrics(run.path / "metrics.jsonl")
+    val = [m for m in metrics if "val/progress_mae" in m]
+    assert [m["step"] for m in val] == [15, 30]
+    for key in ("val/voc_success_mean", "val/success_auroc", "val/progress_mae"):
+        assert np.isfinite(val[-1][key]), key
+    assert -1 <= val[-1]["val/voc_success_mean"] <= 1 and 0 <= val[-1]["val/success_auroc"] <= 1
+    assert any("train/loss" in m for m in metrics)
+    data = [m for m in metrics if "data/val_episodes" in m][0]
+    assert data["data/val_episodes"] >= 2 and data["data/train_episodes"] >= 2
+    model = ProgressRewardModel.from_pretrained(run.path / "model")
+    dataset = LeRobotDataset(labelled_reach)
+    assert model.config.image_size == 32 and model.config.vocab == build_vocab(dataset.tasks)
+    frames = dataset.episode_frames(0, keys=["observation.image"])["observation.image"]
+    progress = model.progress(torch.from_numpy(frames)[None], [dataset.tasks[0]])
+    assert progress.shape == (1, len(frames))
+
+
+def test_resume_continues_exactly(labelled_reach: Path, tmp_path: Path) -> None:
+    from embodied.train.common import latest_checkpoint
+    from embodied.train.reward import train_reward
+
+    full = train_reward(_train_config(labelled_reach, tmp_path / "a", steps=20, eval_every=10))
+    stopped = tmp_path / "b"
+    shutil.copytree(full.path, stopped)
+    shutil.rmtree(stopped / "checkpoints" / "step-0000020")
+    shutil.rmtree(stopped / "model")
+    assert latest_checkpoint(stopped / "checkpoints").name == "step-0000010"
+    resumed = train_reward(
+        _train_config(
+            labelled_reach, tmp_path / "unused", steps=20, eval_every=10, resume=str(stopped)
+        )
+    )
+    assert resumed.path == stopped
+    a = ProgressRewardModel.from_pretrained(full.path / "model").state_dict()
+    b = ProgressRewardModel.from_pretrained(stopped / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_unlabelled_dataset_says_to_run_embodied_label(tmp_path: Path) -> None:
+    from embodied.collect import CollectConfig, run_collect
+    from embodied.train.reward import train_reward
+
+    root = tmp_path / "raw"
+    run_collect(CollectConfig(task="Reach", episodes=1, out=str(root), image_size=32))
+    with pytest.raises(ValueError, match="run `embodied label"):
+        train_reward(_train_config(root, tmp_path))
+
+
+def test_split_holds_out_whole_seeds_and_instructions() -> None:
+    from embodied.train.reward import split_episodes
+
+    table = [
+        {"episode_index": i, "seed": i // 2, "tasks": [f"reach the {c} block"]}
+        for i, c in enumerate(["red", "red", "blue", "blue", "green", "green"] * 3)
+    ]
+    for row in table[6:]:
+        row["seed"] += 3
+    train, val = split_episodes(table, 0.34)
+    assert sorted(train + val) == list(range(18)) and not set(train) & set(val)
+    seed_of = {row["episode_index"]: row["seed"] for row in table}
+    assert not {seed_of[e] for e in train} & {seed_of[e] for e in val}  # whole seeds
+    assert len({seed_of[e] for e in val}) == 3  # round(0.34 * 9)
+    assert split_episodes(table, 0.34) == (train, val)  # deterministic
+    _, val_text = split_episodes(table, 0.0, val_instruction_fraction=0.7)
+    held = {table[e]["tasks"][0] for e in val_text}
+    assert held and all(table[e]["tasks"][0] not in held for e in range(18) if e not in val_text)
+
+
+def test_cli_wires_train_reward(labelled_reach: Path, tmp_path: Path) -> None:
+    from embodied.cli import build_parser, main
+
+    args = build_parser().parse_args(["train", "reward", "configs/reward.yaml", "steps=5"])
+    assert args.func.__name__ == "_cmd_train_reward" and args.overrides == ["steps=5"]
+    config = Path(__file__).parents[1] / "configs" / "reward.yaml"
+    code = main(
+        [
+            "train",
+            "reward",
+            str(config),
+            f"dataset={labelled_reach}",
+            f"out={tmp_path}",
+            "steps=2",
+            "batch_size=2",
+            "model.d_model=30",
+        ]
+    )
+    assert code == 2  # a bad model field is a clear error, not a traceback
