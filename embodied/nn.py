@@ -110,7 +110,9 @@ class ImageEncoder(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Channels-last uint8 images to features; pixels are scaled to [0, 1] here."""
-        x = images.permute(0, 3, 1, 2).float() / 255.0
+        # Contiguous NCHW: torch 2.13's multi-threaded CPU backward through these GroupNorm
+        # convolutions corrupts the heap on the channels-last view a permute gives.
+        x = (images.permute(0, 3, 1, 2).float() / 255.0).contiguous()
         return F.relu(self.out(self.pool(self.blocks(self.stem(x)))))
 
 
