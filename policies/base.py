@@ -30,6 +30,9 @@ from embodied.nn import (
 )
 from embodied.types import ActionOutput
 
+STATE_KEY = "observation.state"
+ENV_STATE_KEY = "observation.environment_state"
+
 POLICIES: dict[str, type[Policy]] = {}
 
 
@@ -134,6 +137,33 @@ class Policy(nn.Module, abc.ABC):
     @abc.abstractmethod
     def fit_normalizers(self, stats: Mapping[str, Mapping[str, Any]]) -> Policy:
         """Set the normalisation buffers from ``embodied.datasets.training.normalization_stats``."""
+
+    def build_normalizers(self, state_dim: int, env_state_dim: int, action_dim: int) -> None:
+        """The usual normalisers: state and (when ``env_state_dim > 0``) environment state by
+        mean/std, actions by min/max onto [-1, 1]."""
+        self.state_normalizer = Normalizer(state_dim, "mean_std")
+        self.env_state_normalizer = (
+            Normalizer(env_state_dim, "mean_std") if env_state_dim > 0 else None
+        )
+        self.action_normalizer = Normalizer(action_dim, "min_max")
+
+    def fit_state_normalizers(self, stats: Mapping[str, Mapping[str, Any]]) -> Policy:
+        """Fit the normalisers of ``build_normalizers`` from dataset statistics, naming any
+        feature the statistics lack."""
+        has_env = self.env_state_normalizer is not None
+        needed = [STATE_KEY, "action"] + ([ENV_STATE_KEY] if has_env else [])
+        missing = [k for k in needed if k not in stats]
+        if missing:
+            raise ValueError(f"statistics lack {missing}; given: {sorted(stats)}")
+        self.state_normalizer.fit(stats[STATE_KEY])
+        if has_env:
+            self.env_state_normalizer.fit(stats[ENV_STATE_KEY])
+        self.action_normalizer.fit(stats["action"])
+        return self
+
+    def state_keys(self) -> list[str]:
+        """``observation.state`` and, when normalised, the environment state."""
+        return [STATE_KEY] + ([ENV_STATE_KEY] if self.env_state_normalizer is not None else [])
 
     def input_keys(self) -> list[str] | None:
         """The observation features the policy reads (what a training dataset must decode);

@@ -65,12 +65,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from embodied.policies.base import Normalizer, Policy, register_policy
+from embodied.policies.base import ENV_STATE_KEY, STATE_KEY, Policy, register_policy
 from embodied.policies.vision import UNKNOWN_WORD, ImageEncoder, InstructionEncoder, build_vocab
 from embodied.types import ActionOutput
 
-STATE_KEY = "observation.state"
-ENV_STATE_KEY = "observation.environment_state"
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -352,11 +350,7 @@ class DiffusionPolicy(Policy):
 
     def __init__(self, config: DiffusionConfig) -> None:
         super().__init__(config)
-        self.state_normalizer = Normalizer(config.state_dim, "mean_std")
-        self.env_state_normalizer = (
-            Normalizer(config.env_state_dim, "mean_std") if config.env_state_dim > 0 else None
-        )
-        self.action_normalizer = Normalizer(config.action_dim, "min_max")
+        self.build_normalizers(config.state_dim, config.env_state_dim, config.action_dim)
         self.model = DiffusionNet(config)
         self.ema_model = copy.deepcopy(self.model).requires_grad_(False)
         self.register_buffer("ema_steps", torch.zeros((), dtype=torch.long))
@@ -425,21 +419,12 @@ class DiffusionPolicy(Policy):
         return cls.config_class(**{**values, **overrides})
 
     def fit_normalizers(self, stats: Mapping[str, Mapping[str, Any]]) -> DiffusionPolicy:
-        """Set the state (mean/std) and action (min/max) normalisers from dataset statistics."""
-        needed = [STATE_KEY, "action"] + ([ENV_STATE_KEY] if self.env_state_normalizer else [])
-        missing = [k for k in needed if k not in stats]
-        if missing:
-            raise ValueError(f"statistics lack {missing}; given: {sorted(stats)}")
-        self.state_normalizer.fit(stats[STATE_KEY])
-        if self.env_state_normalizer is not None:
-            self.env_state_normalizer.fit(stats[ENV_STATE_KEY])
-        self.action_normalizer.fit(stats["action"])
-        return self
+        """State and environment state by mean/std, actions by min/max (dataset statistics)."""
+        return self.fit_state_normalizers(stats)
 
     def input_keys(self) -> list[str]:
         """Cameras, ``observation.state`` and (when configured) the environment state."""
-        env_state = [ENV_STATE_KEY] if self.env_state_normalizer is not None else []
-        return [*self.config.image_keys, STATE_KEY, *env_state]
+        return [*self.config.image_keys, *self.state_keys()]
 
     @torch.no_grad()
     def ema_update(self) -> None:

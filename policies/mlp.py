@@ -37,11 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from embodied.policies.base import Normalizer, Policy, register_policy
+from embodied.policies.base import ENV_STATE_KEY, STATE_KEY, Policy, register_policy
 from embodied.types import ActionOutput
 
-STATE_KEY = "observation.state"
-ENV_STATE_KEY = "observation.environment_state"
 ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # the env action box (sims/conventions.py: Box(-1, 1))
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -89,11 +87,7 @@ class MLPPolicy(Policy):
 
     def __init__(self, config: MLPConfig) -> None:
         super().__init__(config)
-        self.state_normalizer = Normalizer(config.state_dim, "mean_std")
-        self.env_state_normalizer = (
-            Normalizer(config.env_state_dim, "mean_std") if config.env_state_dim > 0 else None
-        )
-        self.action_normalizer = Normalizer(config.action_dim, "min_max")
+        self.build_normalizers(config.state_dim, config.env_state_dim, config.action_dim)
         layers: list[nn.Module] = []
         width = config.state_dim + config.env_state_dim
         for size in config.hidden:
@@ -131,20 +125,12 @@ class MLPPolicy(Policy):
         return MLPConfig(**{**sizes, **overrides})
 
     def fit_normalizers(self, stats: Mapping[str, Mapping[str, Any]]) -> MLPPolicy:
-        """Set the normalisers from dataset statistics (``normalization_stats``'s format)."""
-        needed = [STATE_KEY, "action"] + ([ENV_STATE_KEY] if self.env_state_normalizer else [])
-        missing = [k for k in needed if k not in stats]
-        if missing:
-            raise ValueError(f"statistics lack {missing}; given: {sorted(stats)}")
-        self.state_normalizer.fit(stats[STATE_KEY])
-        if self.env_state_normalizer is not None:
-            self.env_state_normalizer.fit(stats[ENV_STATE_KEY])
-        self.action_normalizer.fit(stats["action"])
-        return self
+        """State and environment state by mean/std, actions by min/max (dataset statistics)."""
+        return self.fit_state_normalizers(stats)
 
     def input_keys(self) -> list[str]:
         """``observation.state`` and (when configured) the environment state."""
-        return [STATE_KEY] + ([ENV_STATE_KEY] if self.env_state_normalizer is not None else [])
+        return self.state_keys()
 
     # --- the distribution ---------------------------------------------------------------------
     def _last_step(self, obs: Mapping[str, Any], key: str, dim: int) -> torch.Tensor:
