@@ -610,6 +610,57 @@ class DiffusionPolicy(Policy):
         return (-0.5 * z**2 - std.log() - _LOG_SQRT_2PI).sum(dim=(1, 2))
 
     # --- the Policy interface -----------------------------------------------------------------
+    def start_chain(
+        self,
+        obs: Mapping[str, Any],
+        instructions: Sequence[str],
+        deterministic: bool,
+        generator: torch.Generator | None,
+    ) -> tuple[DiffusionNet, torch.Tensor, torch.Tensor]:
+        """The acting network, its conditioning ``[B, G]`` and the chain's start
+        ``[B, horizon, A]``: zeros when deterministic, else ``N(0, I)`` from ``generator``."""
+        net = self._net()
+        cond = self.global_cond(net, obs, instructions)
+        shape = (cond.shape[0], self.config.horizon, self.config.action_dim)
+        if deterministic:
+            return net, cond, torch.zeros(shape, device=cond.device)
+        return net, cond, torch.randn(shape, generator=generator, device=cond.device)
+
+    def recorded_chain(
+        self,
+        obs: Mapping[str, Any],
+        instructions: Sequence[str],
+        policy_outputs: Mapping[str, Any],
+        step_key: str,
+        step_dtype: torch.dtype,
+    ) -> tuple[DiffusionNet, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """A recorded chain's K steps flattened for one batched network call: the network,
+        conditioning repeated per step ``[B*K, G]``, each step's time ``[B*K]`` (``step_key``),
+        the states before and after it ``[B*K, horizon, A]``, and K; shapes checked."""
+        config = self.config
+        for key in ("chain", step_key):
+            if key not in policy_outputs:
+                raise ValueError(f"policy_outputs has no {key!r}; keys: {sorted(policy_outputs)}")
+        net = self._net()
+        cond = self.global_cond(net, obs, instructions)
+        chain = torch.as_tensor(policy_outputs["chain"], device=cond.device, dtype=torch.float32)
+        steps = torch.as_tensor(policy_outputs[step_key], device=cond.device, dtype=step_dtype)
+        if steps.ndim != 2 or steps.shape[0] != cond.shape[0]:
+            raise ValueError(
+                f"policy_outputs {step_key!r} has shape {tuple(steps.shape)}, expected "
+                f"({cond.shape[0]}, K)"
+            )
+        batch, k = steps.shape
+        expected = (batch, k + 1, config.horizon, config.action_dim)
+        if tuple(chain.shape) != expected:
+            raise ValueError(
+                f"policy_outputs 'chain' has shape {tuple(chain.shape)}, expected {expected} "
+                f"for {cond.shape[0]} observations"
+            )
+        x = chain[:, :-1].reshape(batch * k, config.horizon, config.action_dim)
+        x_next = chain[:, 1:].reshape(batch * k, config.horizon, config.action_dim)
+        return net, cond.repeat_interleave(k, dim=0), steps.reshape(-1), x, x_next, k
+
     @torch.no_grad()
     def act(
         self,
@@ -621,14 +672,8 @@ class DiffusionPolicy(Policy):
         """Sample a chunk: ``actions [B, n_action_steps, A]`` (raw), ``log_prob [B]``, and the
         denoising ``chain`` / ``timesteps`` / per-step ``log_probs`` in ``policy_outputs``."""
         config = self.config
-        net = self._net()
-        cond = self.global_cond(net, obs, instructions)
-        batch = cond.shape[0]
-        shape = (batch, config.horizon, config.action_dim)
-        if deterministic:
-            x = torch.zeros(shape, device=cond.device)
-        else:
-            x = torch.randn(shape, generator=generator, device=cond.device)
+        net, cond, x = self.start_chain(obs, instructions, deterministic, generator)
+        batch, shape = x.shape[0], x.shape
         first_tuned = config.num_inference_steps - config.finetune_steps
         chain, timesteps, log_probs = [], [], []
         for i, t in enumerate(self.ddim_timesteps):
@@ -667,28 +712,12 @@ class DiffusionPolicy(Policy):
         policy_outputs: Mapping[str, Any],
     ) -> torch.Tensor:
         """Per-denoising-step log-densities ``[B, K]`` of a recorded chain, with gradients."""
-        config = self.config
-        for key in ("chain", "timesteps"):
-            if key not in policy_outputs:
-                raise ValueError(f"policy_outputs has no {key!r}; keys: {sorted(policy_outputs)}")
-        net = self._net()
-        cond = self.global_cond(net, obs, instructions)
-        chain = torch.as_tensor(policy_outputs["chain"], device=cond.device, dtype=torch.float32)
-        t = torch.as_tensor(policy_outputs["timesteps"], device=cond.device, dtype=torch.long)
-        batch, k = t.shape
-        expected = (batch, k + 1, config.horizon, config.action_dim)
-        if tuple(chain.shape) != expected or batch != cond.shape[0]:
-            raise ValueError(
-                f"policy_outputs 'chain' has shape {tuple(chain.shape)}, expected {expected} "
-                f"for {cond.shape[0]} observations"
-            )
-        x = chain[:, :-1].reshape(batch * k, config.horizon, config.action_dim)
-        x_prev = chain[:, 1:].reshape(batch * k, config.horizon, config.action_dim)
-        mean, sigma = self.denoise_step(
-            net, x, t.reshape(-1), cond.repeat_interleave(k, dim=0), eta=config.ddim_eta
+        net, cond, t, x, x_prev, k = self.recorded_chain(
+            obs, instructions, policy_outputs, "timesteps", torch.long
         )
-        std = sigma.clamp(min=config.min_std)
-        return self.gaussian_log_prob(x_prev, mean, std).reshape(batch, k)
+        mean, sigma = self.denoise_step(net, x, t, cond, eta=self.config.ddim_eta)
+        std = sigma.clamp(min=self.config.min_std)
+        return self.gaussian_log_prob(x_prev, mean, std).reshape(-1, k)
 
 
 __all__ = [

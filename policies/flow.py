@@ -223,14 +223,8 @@ class FlowPolicy(DiffusionPolicy):
         """Sample a chunk: ``actions [B, n_action_steps, A]`` (raw), ``log_prob [B]``, and the
         Euler ``chain`` / ``taus`` / per-step ``log_probs`` in ``policy_outputs``."""
         config = self.config
-        net = self._net()
-        cond = self.global_cond(net, obs, instructions)
-        batch = cond.shape[0]
-        shape = (batch, config.horizon, config.action_dim)
-        if deterministic:
-            x = torch.zeros(shape, device=cond.device)
-        else:
-            x = torch.randn(shape, generator=generator, device=cond.device)
+        net, cond, x = self.start_chain(obs, instructions, deterministic, generator)
+        batch, shape = x.shape[0], x.shape
         first_tuned = config.num_inference_steps - config.finetune_steps
         chain, taus, log_probs = [], [], []
         for i, tau in enumerate(self.taus):
@@ -268,32 +262,12 @@ class FlowPolicy(DiffusionPolicy):
     ) -> torch.Tensor:
         """Per-Euler-step log-densities ``[B, K]`` of a recorded chain, with gradients reaching
         the velocity field and the noise network."""
-        config = self.config
-        for key in ("chain", "taus"):
-            if key not in policy_outputs:
-                raise ValueError(f"policy_outputs has no {key!r}; keys: {sorted(policy_outputs)}")
-        net = self._net()
-        cond = self.global_cond(net, obs, instructions)
-        chain = torch.as_tensor(policy_outputs["chain"], device=cond.device, dtype=torch.float32)
-        tau = torch.as_tensor(policy_outputs["taus"], device=cond.device, dtype=torch.float32)
-        if tau.ndim != 2 or tau.shape[0] != cond.shape[0]:
-            raise ValueError(
-                f"policy_outputs 'taus' has shape {tuple(tau.shape)}, expected ({cond.shape[0]}, K)"
-            )
-        batch, k = tau.shape
-        expected = (batch, k + 1, config.horizon, config.action_dim)
-        if tuple(chain.shape) != expected:
-            raise ValueError(
-                f"policy_outputs 'chain' has shape {tuple(chain.shape)}, expected {expected} "
-                f"for {cond.shape[0]} observations"
-            )
-        x = chain[:, :-1].reshape(batch * k, config.horizon, config.action_dim)
-        x_next = chain[:, 1:].reshape(batch * k, config.horizon, config.action_dim)
-        tau = tau.reshape(-1)
-        cond = cond.repeat_interleave(k, dim=0)
+        net, cond, tau, x, x_next, k = self.recorded_chain(
+            obs, instructions, policy_outputs, "taus", torch.float32
+        )
         mean = self.euler_step(x, self.velocity(net, x, tau, cond), self.dt)
         std = self.noise_std(x, tau, cond)
-        return self.gaussian_log_prob(x_next, mean, std).reshape(batch, k)
+        return self.gaussian_log_prob(x_next, mean, std).reshape(-1, k)
 
 
 __all__ = ["FlowConfig", "FlowPolicy", "NoiseNet"]

@@ -75,12 +75,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodied.policies.base import Normalizer, Policy, register_policy
+from embodied.policies.base import ENV_STATE_KEY, STATE_KEY, Normalizer, Policy, register_policy
 from embodied.policies.vision import UNKNOWN_WORD, build_vocab, tokenize_words
 from embodied.types import ActionOutput
 
-STATE_KEY = "observation.state"
-ENV_STATE_KEY = "observation.environment_state"
 ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # the env action box (sims/conventions.py: Box(-1, 1))
 PAD_TOKEN, BOS_TOKEN, UNK_TOKEN, IMAGE_TOKEN = "<pad>", "<bos>", UNKNOWN_WORD, "<image>"
 SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, UNK_TOKEN, IMAGE_TOKEN]  # ids 0..3 of the tiny vocab
