@@ -27,13 +27,7 @@ STATS = {
 LOW, HIGH = torch.tensor([-2.0, 0.0]), torch.tensor([3.0, 0.5])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small convolutions are fastest single-threaded (and results do not depend on threads)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_config(**overrides) -> FlowConfig:

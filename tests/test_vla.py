@@ -30,13 +30,7 @@ STATS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny transformers are fastest single-threaded (and results do not depend on threads)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_config(**overrides) -> VLAConfig:
