@@ -105,7 +105,9 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
     writer = (
         LeRobotDatasetWriter.open(out)
         if (out / "meta" / "info.json").exists()
-        else LeRobotDatasetWriter(out, fps=cfg.fps, lossless=cfg.lossless)
+        else LeRobotDatasetWriter(
+            out, fps=cfg.fps, lossless=cfg.lossless, names=_state_names(vec, cfg.obs_mode)
+        )
     )
     seeds = [cfg.seed + e for e in range(cfg.episodes)]
     limit = vec.spec.max_episode_steps if vec.spec is not None else None
@@ -136,6 +138,13 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
     return CollectSummary(
         cfg.episodes, successes, frames, time.perf_counter() - start, rewound, out
     )
+
+
+def _state_names(vec: Any, obs_mode: str) -> dict[str, list[str]]:
+    """The env's names for the state observations it returns in ``obs_mode``."""
+    names = vec.get_attr("feature_names")[0]
+    returned = {"agent_pos"} | ({"environment_state"} if obs_mode != "pixels" else set())
+    return {key: value for key, value in names.items() if key in returned}
 
 
 def _policy(cfg: CollectConfig, vec: Any, rng: np.random.Generator) -> Callable[[Any], np.ndarray]:

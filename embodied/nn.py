@@ -7,6 +7,9 @@
 - ``InstructionEncoder``: a bag of words. Instructions are lower-cased and split into words; each
   word's index in ``vocab`` (index 0 = unknown word) selects a learned embedding, and the
   embeddings of an instruction's words are averaged (padding masked out).
+- ``ObjectTokens`` / ``ObjectStateEncoder``: a privileged state whose values are named
+  ``object.quantity`` becomes one token per object; instruction-dependent queries attend over
+  them (language grounding from few demonstrations).
 - ``save_pretrained`` / ``load_pretrained``: Hugging Face style directories (``config.json`` +
   ``model.safetensors``) written atomically; loading refuses weights that do not match the config,
   naming the tensor and both shapes, and config keys the dataclass does not have.
@@ -154,10 +157,96 @@ class InstructionEncoder(nn.Module):
 
     def forward(self, instructions: Sequence[str]) -> torch.Tensor:
         """``B`` instructions -> ``[B, embed_dim]``: ``sum(mask * emb) / max(sum(mask), 1)``."""
-        ids, mask = self.tokenize(instructions, self.embedding.weight.device)
+        return self.embed_ids(*self.tokenize(instructions, self.embedding.weight.device))
+
+    def embed_ids(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Mean embedding ``[B, embed_dim]`` of tokenised texts (``tokenize``'s output)."""
         weights = mask.to(self.embedding.weight.dtype).unsqueeze(-1)  # [B, L, 1]
         total = (self.embedding(ids) * weights).sum(dim=1)
         return total / weights.sum(dim=1).clamp(min=1.0)
+
+
+def object_groups(names: Sequence[str]) -> list[tuple[str, list[int]]]:
+    """Group the names of a flat state's values (``object.quantity``) by object, in order of
+    first appearance: ``["block_red.x", "block_red.y", "drawer.opening"]`` ->
+    ``[("block_red", [0, 1]), ("drawer", [2])]``. A name without a dot is its own object."""
+    groups: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        groups.setdefault(name.rsplit(".", 1)[0], []).append(i)
+    return list(groups.items())
+
+
+class ObjectTokens(nn.Module):
+    """One token per object of a flat state whose values are named ``object.quantity``::
+
+        token_o = name_o + W_v (o's values, zero-padded to the largest object)
+
+    ``name_o`` (``[O, E]``, e.g. the mean embedding of the words of the object's name) comes from
+    the caller, so a policy embeds names with the same table as its instructions.
+    """
+
+    def __init__(self, names: Sequence[str], embed_dim: int) -> None:
+        super().__init__()
+        self.groups = object_groups(names)
+        width = max(len(index) for _, index in self.groups)
+        index = torch.full((len(self.groups), width), -1, dtype=torch.long)
+        for o, (_, values) in enumerate(self.groups):
+            index[o, : len(values)] = torch.tensor(values)
+        # Derived from the names: moved with the module, never saved.
+        self.register_buffer("value_index", index.clamp(min=0), persistent=False)
+        self.register_buffer("value_mask", index >= 0, persistent=False)
+        self.value_proj = nn.Linear(width, embed_dim)
+
+    @property
+    def object_names(self) -> list[str]:
+        """The objects, in token order (``block_red``, ``drawer``, ...)."""
+        return [name for name, _ in self.groups]
+
+    def forward(self, state: torch.Tensor, name_embeddings: torch.Tensor) -> torch.Tensor:
+        """``state [N, D]``, ``name_embeddings [O, E]`` -> tokens ``[N, O, E]``."""
+        values = state[:, self.value_index] * self.value_mask  # [N, O, W]
+        return name_embeddings + self.value_proj(values)
+
+
+class ObjectStateEncoder(nn.Module):
+    """Instruction-queried attention over the objects of a flat privileged state::
+
+        tokens  = ObjectTokens(state), names embedded by the instruction encoder's words
+        query_k = slot_k + (W_q instruction)_k                          k = 1 .. n_queries
+        out     = concat_k MultiheadAttention(query_k, tokens, tokens)  [N, n_queries * E]
+
+    "red" in "reach the red block" and in ``block_red`` share one word vector, so picking the
+    named object is a dot product. A flat MLP must learn that choice as a product of its inputs,
+    and from 200 demonstrations it memorises layouts instead (issue 4: held-out Reach 38% vs 86%
+    for the same regression head).
+    """
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        words: InstructionEncoder,
+        embed_dim: int,
+        n_queries: int = 4,
+        n_heads: int = 4,
+    ) -> None:
+        super().__init__()
+        self.tokens = ObjectTokens(names, embed_dim)
+        name_ids, name_mask = words.tokenize(self.tokens.object_names)
+        self.register_buffer("name_ids", name_ids, persistent=False)
+        self.register_buffer("name_mask", name_mask, persistent=False)
+        self.query_proj = nn.Linear(embed_dim, n_queries * embed_dim)
+        self.slots = nn.Parameter(0.1 * torch.randn(n_queries, embed_dim))
+        self.attention = nn.MultiheadAttention(embed_dim, n_heads, batch_first=True)
+        self.n_queries, self.output_dim = n_queries, n_queries * embed_dim
+
+    def forward(
+        self, state: torch.Tensor, instruction: torch.Tensor, words: InstructionEncoder
+    ) -> torch.Tensor:
+        """``state [N, D]`` (normalised), ``instruction [N, E]`` -> ``[N, n_queries * E]``."""
+        tokens = self.tokens(state, words.embed_ids(self.name_ids, self.name_mask))
+        queries = self.slots + self.query_proj(instruction).view(len(state), self.n_queries, -1)
+        out, _ = self.attention(queries, tokens, tokens, need_weights=False)
+        return out.flatten(1)
 
 
 # --- save / load (Hugging Face style) ----------------------------------------------------------

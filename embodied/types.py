@@ -35,6 +35,17 @@ def env_observation_features(obs: dict[str, Any]) -> dict[str, np.ndarray]:
     return out
 
 
+def feature_value_names(spec: dict[str, Any]) -> list[str]:
+    """The per-value names of a LeRobot feature spec (info.json's ``names``: a list, or a dict
+    holding one list such as ``{"motors": [...]}``); [] when it has none."""
+    names = spec.get("names")
+    if isinstance(names, dict) and len(names) == 1:
+        names = next(iter(names.values()))
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return []
+    return list(names)
+
+
 @dataclass
 class ActionOutput:
     """What ``Policy.act`` returns for a batch of B observations.

@@ -25,10 +25,11 @@ from embodied.nn import (
     config_from_dict,
     load_exact,
     load_weights,
+    object_groups,
     read_pretrained,
     save_pretrained,
 )
-from embodied.types import ActionOutput
+from embodied.types import ActionOutput, feature_value_names
 
 STATE_KEY = "observation.state"
 ENV_STATE_KEY = "observation.environment_state"
@@ -47,6 +48,44 @@ def register_policy(name: str):
         return cls
 
     return register
+
+
+ENV_STATE_ENCODERS = ("flat", "objects")
+
+
+def check_env_state_encoder(config: Any) -> None:
+    """Validate a config's ``env_state_encoder`` / ``env_state_names`` / ``env_state_dim``:
+    ``"objects"`` needs one ``object.quantity`` name per environment-state value."""
+    owner = type(config).__name__
+    config.env_state_names = [str(n) for n in config.env_state_names]
+    if config.env_state_encoder not in ENV_STATE_ENCODERS:
+        raise ValueError(
+            f"{owner}.env_state_encoder must be 'flat' or 'objects', got "
+            f"{config.env_state_encoder!r}"
+        )
+    names = len(config.env_state_names)
+    if config.env_state_encoder == "objects" and (
+        config.env_state_dim == 0 or names != config.env_state_dim
+    ):
+        raise ValueError(
+            f"{owner}.env_state_encoder='objects' needs one name per environment-state value: "
+            f"env_state_dim is {config.env_state_dim}, env_state_names has {names} (datasets "
+            "collected by `embodied collect` record them in info.json)"
+        )
+
+
+def env_state_values(features: Mapping[str, Any], tasks: Any) -> tuple[dict[str, Any], list[str]]:
+    """Config values for a dataset's environment state (size and value names) and the texts a
+    vocabulary must cover: the instructions plus the objects' names (``block_red``)."""
+    texts = list(tasks)
+    if ENV_STATE_KEY not in features:
+        return {}, texts
+    values: dict[str, Any] = {"env_state_dim": int(features[ENV_STATE_KEY]["shape"][-1])}
+    names = feature_value_names(features[ENV_STATE_KEY])
+    if names:
+        values["env_state_names"] = names
+        texts += [name for name, _ in object_groups(names)]
+    return values, texts
 
 
 class Normalizer(nn.Module):

@@ -5,8 +5,10 @@ Conditioning (one vector per decision, "global conditioning" as in Diffusion Pol
 
     cond = concat(image features of every camera and observation step,   # [n_obs * n_cam * E]
                   normalised state of every observation step,           # [n_obs * D]
-                  normalised environment state, when configured,       # [n_obs * D_env]
+                  environment state, when configured,                  # [n_obs * D_env]
                   instruction embedding)                                # [E]
+    # env_state_encoder="flat": the normalised values; "objects": ObjectStateEncoder's
+    # instruction-queried attention over per-object tokens (needs the values' names), [K * E]
     cond = cond_mlp(cond)     # optional (``cond_mlp_dims``); identity by default
 
 Training (``bc_loss``), DDPM on normalised actions ``x_0`` (min/max -> [-1, 1])::
@@ -65,8 +67,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from embodied.policies.base import ENV_STATE_KEY, STATE_KEY, Policy, register_policy
-from embodied.policies.vision import UNKNOWN_WORD, ImageEncoder, InstructionEncoder, build_vocab
+from embodied.policies.base import (
+    ENV_STATE_KEY,
+    STATE_KEY,
+    Policy,
+    check_env_state_encoder,
+    env_state_values,
+    register_policy,
+)
+from embodied.policies.vision import (
+    UNKNOWN_WORD,
+    ImageEncoder,
+    InstructionEncoder,
+    ObjectStateEncoder,
+    build_vocab,
+)
 from embodied.types import ActionOutput
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -83,6 +98,10 @@ class DiffusionConfig:
     )  # e.g. ["observation.image"]; [] = state only
     image_size: int = 96
     env_state_dim: int = 0  # > 0: also condition on the privileged ``environment_state``
+    env_state_names: list[str] = field(default_factory=list)  # "object.quantity" per value
+    env_state_encoder: str = "flat"  # "flat" values, or "objects": attention over object tokens
+    object_queries: int = 4  # "objects": instruction-dependent queries (output K * embed_dim)
+    object_heads: int = 4
     n_obs_steps: int = 2
     horizon: int = 16
     n_action_steps: int = 8
@@ -125,6 +144,8 @@ class DiffusionConfig:
             ("num_train_timesteps", 1),
             ("num_inference_steps", 1),
             ("finetune_steps", 1),
+            ("object_queries", 1),
+            ("object_heads", 1),
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:
@@ -138,6 +159,12 @@ class DiffusionConfig:
             )
         if self.embed_dim % 2:
             raise ValueError(f"{type(self).__name__}.embed_dim must be even, got {self.embed_dim}")
+        check_env_state_encoder(self)
+        if self.env_state_encoder == "objects" and self.embed_dim % self.object_heads:
+            raise ValueError(
+                f"{type(self).__name__}.object_heads ({self.object_heads}) must divide "
+                f"embed_dim ({self.embed_dim})"
+            )
         if not self.down_dims or any(d % self.n_groups for d in self.down_dims):
             raise ValueError(
                 f"{type(self).__name__}.down_dims must be non-empty multiples of n_groups="
@@ -321,7 +348,18 @@ class DiffusionNet(nn.Module):
         )
         self.instruction_encoder = InstructionEncoder(config.vocab, config.embed_dim)
         per_step = len(config.image_keys) * config.embed_dim + config.state_dim
-        per_step += config.env_state_dim
+        self.object_encoder = None
+        if config.env_state_encoder == "objects":
+            self.object_encoder = ObjectStateEncoder(
+                config.env_state_names,
+                self.instruction_encoder,
+                config.embed_dim,
+                config.object_queries,
+                config.object_heads,
+            )
+            per_step += self.object_encoder.output_dim
+        else:
+            per_step += config.env_state_dim
         width = config.n_obs_steps * per_step + config.embed_dim
         # Optional MLP mixing the instruction with the observations (an instruction that picks
         # one object of several needs a product of the two, which FiLM's affine map lacks).
@@ -404,16 +442,16 @@ class DiffusionPolicy(Policy):
         }
         if len(sizes) > 1:
             raise ValueError(f"cameras must share one square size, got sizes {sorted(sizes)}")
+        env_values, texts = env_state_values(features, tasks)
         values: dict[str, Any] = {
             "state_dim": int(features[STATE_KEY]["shape"][-1]),
             "action_dim": int(features["action"]["shape"][-1]),
             "image_keys": image_keys,
-            "vocab": build_vocab(list(tasks)),
+            "vocab": build_vocab(texts),
+            **env_values,
         }
         if sizes:
             values["image_size"] = int(sizes.pop())
-        if ENV_STATE_KEY in features:
-            values["env_state_dim"] = int(features[ENV_STATE_KEY]["shape"][-1])
         if horizon is not None:
             values["horizon"] = horizon
         return cls.config_class(**{**values, **overrides})
@@ -500,6 +538,7 @@ class DiffusionPolicy(Policy):
                 )
             features = encoder(images.reshape(-1, *size))  # [B * n_obs, E]
             per_step.append(features.reshape(batch, config.n_obs_steps, -1))
+        instruction = net.instruction_encoder(list(instructions))
         states = [self.state_normalizer.normalize(state)]
         if self.env_state_normalizer is not None:
             env_state = self._feature(obs, ENV_STATE_KEY, (config.env_state_dim,)).float()
@@ -511,10 +550,14 @@ class DiffusionPolicy(Policy):
             states.append(self.env_state_normalizer.normalize(env_state))
         if state_noise > 0:  # BC augmentation against memorising exact states
             states = [x + state_noise * torch.randn_like(x) for x in states]
+        if net.object_encoder is not None:  # per step: [B * n_obs, D_env] -> [B, n_obs, K * E]
+            steps_env = states[1].flatten(0, 1)
+            queries = instruction.repeat_interleave(config.n_obs_steps, dim=0)
+            objects = net.object_encoder(steps_env, queries, net.instruction_encoder)
+            states[1] = objects.view(batch, config.n_obs_steps, -1)
         per_step += states
         steps = torch.cat(per_step, dim=-1).flatten(1)  # [B, n_obs * (n_cam * E + D)]
-        cond = torch.cat([steps, net.instruction_encoder(list(instructions))], dim=-1)
-        return net.cond_mlp(cond)
+        return net.cond_mlp(torch.cat([steps, instruction], dim=-1))
 
     # --- training ---------------------------------------------------------------------------
     def bc_inputs(

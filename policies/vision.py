@@ -10,10 +10,13 @@ from embodied.nn import (
     UNKNOWN_WORD,
     ImageEncoder,
     InstructionEncoder,
+    ObjectStateEncoder,
+    ObjectTokens,
     ResidualBlock2d,
     SpatialSoftmax,
     build_vocab,
     group_norm,
+    object_groups,
     tokenize_words,
 )
 
@@ -23,8 +26,11 @@ __all__ = [
     "UNKNOWN_WORD",
     "ImageEncoder",
     "InstructionEncoder",
+    "ObjectStateEncoder",
+    "ObjectTokens",
     "ResidualBlock2d",
     "SpatialSoftmax",
     "build_vocab",
+    "object_groups",
     "tokenize_words",
 ]

@@ -19,7 +19,7 @@ Backbone (``VLAConfig.backbone_path``):
 
 Input sequence of one decision (embeddings, no attention mask: every position is attended)::
 
-    [<bos>] [image tokens of each camera] [proprio tokens] [<pad>... instruction words] | actions
+    [<bos>] [image tokens] [proprio tokens] [object tokens] [<pad>... instruction] | actions
 
 - image tokens: the projected vision features of the newest frame of every camera in
   ``image_keys`` (uint8 ``[B, n_obs, H, W, 3]`` or ``[B, H, W, 3]``), scaled to [0, 1], resized to
@@ -27,6 +27,10 @@ Input sequence of one decision (embeddings, no attention mask: every position is
 - proprio tokens (``use_proprio``, on when the dataset has states): the newest
   ``observation.state`` and ``observation.environment_state``, normalised with dataset mean/std
   (``Normalizer``), mapped by a 2-layer MLP to ``n_proprio_tokens`` embeddings.
+- object tokens (``env_state_encoder="objects"``, instead of the environment state in the MLP):
+  one token per object of the environment state (values named ``object.quantity``): the mean
+  input embedding of the object's name words plus a linear map of its normalised values
+  (``ObjectTokens``). The decoder can then match "red" in the instruction with ``block_red``.
 - the instruction: ``max_instruction_tokens`` ids, left-padded with ``<pad>`` (a fixed-length
   slot, so a decision does not depend on what else is in its batch); longer instructions keep
   their first ``max_instruction_tokens`` tokens.
@@ -75,8 +79,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodied.policies.base import ENV_STATE_KEY, STATE_KEY, Normalizer, Policy, register_policy
-from embodied.policies.vision import UNKNOWN_WORD, build_vocab, tokenize_words
+from embodied.policies.base import (
+    ENV_STATE_KEY,
+    STATE_KEY,
+    Normalizer,
+    Policy,
+    check_env_state_encoder,
+    env_state_values,
+    register_policy,
+)
+from embodied.policies.vision import (
+    UNKNOWN_WORD,
+    ObjectTokens,
+    build_vocab,
+    object_groups,
+    tokenize_words,
+)
 from embodied.types import ActionOutput
 
 ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # the env action box (sims/conventions.py: Box(-1, 1))
@@ -91,6 +109,8 @@ class VLAConfig:
     action_dim: int
     state_dim: int = 0  # 0 = no observation.state input
     env_state_dim: int = 0  # > 0: also read the privileged observation.environment_state
+    env_state_names: list[str] = field(default_factory=list)  # "object.quantity" per value
+    env_state_encoder: str = "flat"  # "flat": into the proprio MLP; "objects": a token per object
     image_keys: list[str] = field(default_factory=lambda: ["observation.image"])
     image_size: int = 64  # expected (square) camera size; the tiny vision tower's input size
     n_obs_steps: int = 1  # observation steps a window holds (only the newest is read)
@@ -161,6 +181,7 @@ class VLAConfig:
                     f"VLAConfig.image_keys: {key!r} is not 'observation.image' or "
                     "'observation.images.<camera>'"
                 )
+        check_env_state_encoder(self)
         if not isinstance(self.use_proprio, bool):
             raise ValueError(f"VLAConfig.use_proprio must be a bool, got {self.use_proprio!r}")
         if self.action_range not in ("min_max", "quantile"):
@@ -211,7 +232,16 @@ class VLAConfig:
     @property
     def proprio_dim(self) -> int:
         """Width of the proprio MLP's input (0 = no proprio tokens)."""
-        return (self.state_dim + self.env_state_dim) if self.use_proprio else 0
+        if not self.use_proprio:
+            return 0
+        return self.state_dim + (self.env_state_dim if self.env_state_encoder == "flat" else 0)
+
+    @property
+    def num_object_tokens(self) -> int:
+        """Prompt tokens of the environment state's objects (``env_state_encoder="objects"``)."""
+        if self.env_state_encoder != "objects":
+            return 0
+        return len(object_groups(self.env_state_names))
 
     @property
     def num_action_tokens(self) -> int:
@@ -260,6 +290,7 @@ def build_tiny_backbone(config: VLAConfig, vocab_size: int) -> nn.Module:
         1
         + len(config.image_keys) * (config.image_size // config.patch_size) ** 2
         + config.n_proprio_tokens
+        + config.num_object_tokens
         + config.max_instruction_tokens
         + config.num_action_tokens
     )
@@ -352,9 +383,10 @@ class VLAPolicy(Policy):
             if config.use_proprio and config.state_dim > 0
             else None
         )
+        objects = config.env_state_encoder == "objects"
         self.env_state_normalizer = (
             Normalizer(config.env_state_dim, "mean_std")
-            if config.use_proprio and config.env_state_dim > 0
+            if (config.use_proprio or objects) and config.env_state_dim > 0
             else None
         )
         self.proprio = (
@@ -366,6 +398,16 @@ class VLAPolicy(Policy):
             if config.proprio_dim > 0
             else None
         )
+        self.object_tokens = ObjectTokens(config.env_state_names, hidden) if objects else None
+        if self.object_tokens is not None:  # object names, embedded with the backbone's words
+            texts = [name.replace("_", " ") for name in self.object_tokens.object_names]
+            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            length = max(len(row) for row in ids)
+            name_ids = torch.full((len(ids), length), self.pad_id, dtype=torch.long)
+            for o, row in enumerate(ids):
+                name_ids[o, : len(row)] = torch.tensor(row, dtype=torch.long)
+            self.register_buffer("name_ids", name_ids, persistent=False)
+            self.register_buffer("name_mask", name_ids != self.pad_id, persistent=False)
         # Bin bounds of the action tokenizer (raw units), set by fit_normalizers.
         self.register_buffer("action_low", torch.full((config.action_dim,), ACTION_LOW))
         self.register_buffer("action_high", torch.full((config.action_dim,), ACTION_HIGH))
@@ -393,19 +435,18 @@ class VLAPolicy(Policy):
         if len(sizes) > 1:
             raise ValueError(f"cameras must share one square size, got sizes {sorted(sizes)}")
         tasks = list(tasks)
-        words = build_vocab(tasks)[1:]
+        env_values, texts = env_state_values(features, tasks)
         values: dict[str, Any] = {
             "action_dim": int(features["action"]["shape"][-1]),
             "image_keys": image_keys,
             "image_size": int(sizes.pop()),
-            "vocab": words,
+            "vocab": build_vocab(texts)[1:],
+            **env_values,
         }
         if tasks:
             values["max_instruction_tokens"] = max(1, *(len(tokenize_words(t)) for t in tasks))
         if STATE_KEY in features:
             values["state_dim"] = int(features[STATE_KEY]["shape"][-1])
-        if ENV_STATE_KEY in features:
-            values["env_state_dim"] = int(features[ENV_STATE_KEY]["shape"][-1])
         if horizon is not None:
             values["horizon"] = int(horizon)
             n_obs = int(overrides.get("n_obs_steps", 1))
@@ -571,23 +612,29 @@ class VLAPolicy(Policy):
             bos = torch.tensor(self.bos_ids, device=self.device).expand(batch, -1)
             parts.append(embed(bos))
         parts.append(features.to(embed.weight.dtype))
+        states = {}
+        for key, dim, normalizer in (
+            (STATE_KEY, config.state_dim, self.state_normalizer),
+            (ENV_STATE_KEY, config.env_state_dim, self.env_state_normalizer),
+        ):
+            if normalizer is None:
+                continue
+            state = self._newest(obs, key, (dim,), torch.float32)
+            if state.shape[0] != batch:
+                raise ValueError(
+                    f"observation {key!r} has shape {tuple(obs[key].shape)}, batch {batch} "
+                    f"expected (from {config.image_keys[0]!r})"
+                )
+            states[key] = normalizer.normalize(state)
+        if self.object_tokens is not None:
+            env_state = states.pop(ENV_STATE_KEY)
         if self.proprio is not None:
-            states = []
-            for key, dim, normalizer in (
-                (STATE_KEY, config.state_dim, self.state_normalizer),
-                (ENV_STATE_KEY, config.env_state_dim, self.env_state_normalizer),
-            ):
-                if normalizer is None:
-                    continue
-                state = self._newest(obs, key, (dim,), torch.float32)
-                if state.shape[0] != batch:
-                    raise ValueError(
-                        f"observation {key!r} has shape {tuple(obs[key].shape)}, batch {batch} "
-                        f"expected (from {config.image_keys[0]!r})"
-                    )
-                states.append(normalizer.normalize(state))
-            tokens = self.proprio(torch.cat(states, dim=-1))
+            tokens = self.proprio(torch.cat(list(states.values()), dim=-1))
             parts.append(tokens.reshape(batch, config.n_proprio_tokens, -1).to(embed.weight.dtype))
+        if self.object_tokens is not None:
+            weights = self.name_mask.to(embed.weight.dtype).unsqueeze(-1)  # [O, L, 1]
+            names = (embed(self.name_ids) * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+            parts.append(self.object_tokens(env_state, names).to(embed.weight.dtype))
         parts.append(embed(ids))
         return torch.cat(parts, dim=1)
 

@@ -239,6 +239,20 @@ class MetaWorldEnv(gym.Env):
             action = self._policy.get_action(self._raw)
         return np.clip(action, -1.0, 1.0).astype(np.float32)
 
+    @property
+    def feature_names(self) -> dict[str, list[str]]:
+        """Names of the state values: Meta-World's 39-d observation is hand, gripper, two object
+        poses, the same 18 values one step earlier, and the goal position."""
+        frame = ["hand.x", "hand.y", "hand.z", "gripper.gap"]
+        for body in ("object_1", "object_2"):
+            # The quaternion's component order differs between Meta-World tasks: q0..q3.
+            frame += [f"{body}.{q}" for q in ("x", "y", "z", "q0", "q1", "q2", "q3")]
+        previous = [f"previous_{name}" for name in frame]
+        return {
+            "agent_pos": frame[:4],
+            "environment_state": frame + previous + ["goal.x", "goal.y", "goal.z"],
+        }
+
     # --- internals -----------------------------------------------------------------------------
     def _render(self, camera: str) -> np.ndarray:
         """One upright ``uint8 [H, W, 3]`` image of ``camera``."""

@@ -154,6 +154,18 @@ class Scene:
             dtype=np.float32,
         )
 
+    def environment_state_names(self) -> list[str]:
+        """One ``object.quantity`` name per ``environment_state`` value, in its order: what a
+        dataset records as the feature's ``names`` and object-centric encoders group by."""
+        pose = ("x", "y", "z", "qw", "qx", "qy", "qz")
+        names = [f"block_{c}.{q}" for c in BLOCKS for q in pose]
+        for body in [f"plate_{c}" for c in PLATES] + ["cabinet"]:
+            names += [f"{body}.{q}" for q in "xyz"]
+        names.append("drawer.opening")
+        for c in BUTTONS:
+            names += [f"button_{c}.{q}" for q in "xyz"]
+        return names + [f"button_{c}.press" for c in BUTTONS]
+
     def environment_state(self) -> np.ndarray:
         """Flat privileged state for state-based baselines (39 values): block poses, plate,
         cabinet and button positions, drawer opening, button presses."""

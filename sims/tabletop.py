@@ -150,6 +150,14 @@ class TabletopEnv(gym.Env):
         info = self._info(evaluation, collisions=self._count_collisions())
         return self._observation(), reward, terminated, False, info
 
+    @property
+    def feature_names(self) -> dict[str, list[str]]:
+        """Names of the values of each state observation (what datasets record as ``names``)."""
+        return {
+            "agent_pos": ["ee.x", "ee.y", "ee.z", "gripper.gap"],
+            "environment_state": self.scene.environment_state_names(),
+        }
+
     def render(self) -> np.ndarray | None:
         """The first camera's image (``render_mode="rgb_array"``)."""
         if self.render_mode is None:

@@ -104,12 +104,16 @@ def test_diffusion_bc_on_pixels_runs_evaluates_and_saves(tmp_path: Path) -> None
     assert any("eval/ButtonPress/success_rate" in m for m in metrics)
     policy = Policy.from_pretrained(run.path / "policy")
     assert policy.config.image_keys == ["observation.image"] and policy.config.image_size == 32
-    # The vocabulary comes from the dataset's instructions.
+    # The vocabulary covers the dataset's instructions and the names of its state's objects.
     from embodied.datasets import LeRobotDataset
     from embodied.policies.vision import build_vocab
 
-    assert policy.config.vocab == build_vocab(LeRobotDataset(root).tasks)
-    assert "button" in policy.config.vocab
+    dataset = LeRobotDataset(root)
+    names = dataset.features["observation.environment_state"]["names"]
+    assert policy.config.env_state_names == names and "block_red.x" in names
+    objects = [name.split(".")[0] for name in names]  # block_red -> "block", "red"
+    assert policy.config.vocab == build_vocab([*dataset.tasks, *objects])
+    assert "button" in policy.config.vocab and "drawer" in policy.config.vocab
 
 
 def test_nan_loss_stops_with_the_step_and_keeps_the_checkpoint(

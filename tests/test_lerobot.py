@@ -555,3 +555,22 @@ def test_killed_writer_leaves_a_valid_dataset(tmp_path: Path) -> None:
     assert trajectories_equal(last, without_pixels(make_trajectory(300)))
     # open() dropped the killed writer's uncommitted episodes files; orphans may remain.
     assert not [w for w in validate_dataset(root) if "beyond total_episodes" in w]
+
+
+def test_value_names_are_recorded_and_checked(tmp_path: Path) -> None:
+    """``names=`` labels state values in info.json (LeRobot's ``names``); a wrong count or an
+    observation the episodes lack fails before anything is written, naming the feature."""
+    labels = [f"object_{i // 2}.{'xy'[i % 2]}" for i in range(10)]
+    root = tmp_path / "named"
+    write(root, [make_trajectory(0)], names={"environment_state": labels}, lossless=True)
+    features = LeRobotDataset(root).features
+    assert features["observation.environment_state"]["names"] == labels
+    assert features["observation.state"]["names"] is None
+    with LeRobotDatasetWriter.open(root) as writer:  # appending keeps them
+        writer.add_episode(make_trajectory(1))
+    assert LeRobotDataset(root).features["observation.environment_state"]["names"] == labels
+
+    with pytest.raises(ValueError, match=r"3 names given for 'observation.state'"):
+        write(tmp_path / "short", [make_trajectory(0)], names={"agent_pos": ["a", "b", "c"]})
+    with pytest.raises(ValueError, match=r"names given for \['observation.gripper'\]"):
+        write(tmp_path / "unknown", [make_trajectory(0)], names={"gripper": ["gap"]})

@@ -180,3 +180,18 @@ def test_physics_blow_up_truncates_with_error(
     obs, info = env.reset(seed=0)  # the env recovers on reset
     assert "error" not in info and np.isfinite(obs["environment_state"]).all()
     env.close()
+
+
+def test_feature_names_label_the_state_values() -> None:
+    env = make("push-v3", obs_mode="state")
+    obs, _ = env.reset(seed=3)
+    names = env.get_wrapper_attr("feature_names")
+    assert len(names["environment_state"]) == len(obs["environment_state"]) == 39
+    assert names["environment_state"][:4] == names["agent_pos"]
+    assert names["agent_pos"] == ["hand.x", "hand.y", "hand.z", "gripper.gap"]
+    value = dict(zip(names["environment_state"], obs["environment_state"], strict=True))
+    inner = env.unwrapped._env  # Meta-World's own env: where the goal and the puck really are
+    np.testing.assert_allclose([value[f"goal.{q}"] for q in "xyz"], inner._target_pos, atol=1e-6)
+    puck = [value[f"object_1.{q}"] for q in "xyz"]
+    np.testing.assert_allclose(puck, inner._get_pos_objects()[:3], atol=1e-6)
+    env.close()

@@ -536,3 +536,20 @@ def test_vector_env_autoreset_modes(mode):
         vec.close()
     with pytest.raises(ValueError, match="autoreset_mode"):
         sims.make_vec_env("Reach", 1, autoreset_mode="sometimes")
+
+
+def test_feature_names_label_the_state_values(state_env):
+    """``feature_names`` says which value is which: datasets record it, object encoders read it."""
+    obs, _ = state_env.reset(seed=4)
+    names = state_env.get_wrapper_attr("feature_names")
+    assert len(names["agent_pos"]) == len(obs["agent_pos"])
+    assert len(names["environment_state"]) == len(obs["environment_state"])
+    value = dict(zip(names["environment_state"], obs["environment_state"], strict=True))
+    scene = state_env.unwrapped.scene
+    for color in ("red", "blue", "yellow"):
+        xyz = [value[f"block_{color}.{q}"] for q in "xyz"]
+        np.testing.assert_allclose(xyz, scene.block_pos(color), atol=1e-6)
+    for color in ("green", "purple"):
+        xyz = [value[f"plate_{color}.{q}"] for q in "xyz"]
+        np.testing.assert_allclose(xyz, scene.plate_pos(color), atol=1e-6)
+    assert value["drawer.opening"] == pytest.approx(scene.drawer_opening())

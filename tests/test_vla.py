@@ -433,3 +433,49 @@ def test_bad_statistics():
         policy.fit_normalizers({"action": STATS["action"]})
     with pytest.raises(ValueError, match=r"action range has shapes \(3,\)"):
         policy.set_action_range([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
+
+
+def test_object_tokens_from_named_environment_state(tmp_path: Path):
+    """``env_state_encoder="objects"``: one prompt token per object of the named environment
+    state, its name's words embedded like the instruction's; exact log-probs and save/load."""
+    names = [f"block_{c}.{q}" for c in ("red", "blue") for q in "xy"] + ["drawer.opening"]
+    features = {
+        "observation.image": {"dtype": "video", "shape": [16, 16, 3]},
+        "observation.state": {"dtype": "float32", "shape": [3]},
+        "observation.environment_state": {"dtype": "float32", "shape": [5], "names": names},
+        "action": {"dtype": "float32", "shape": [2]},
+    }
+    tiny = tiny_config()
+    backbone = [k for k in tiny.__dict__ if k.startswith(("vision_", "text_", "hidden_"))]
+    sizes = {k: getattr(tiny, k) for k in [*backbone, "patch_size", "n_bins", "n_action_steps"]}
+    config = VLAPolicy.config_from_dataset(
+        features, ["reach the red block"], horizon=4, env_state_encoder="objects", **sizes
+    )
+    assert config.env_state_names == names and {"drawer", "blue"} <= set(config.vocab)
+    assert config.num_object_tokens == 3 and config.proprio_dim == 3  # the state alone
+    torch.manual_seed(0)
+    policy = VLAPolicy(config).fit_normalizers(STATS)
+    obs = observations()
+    instructions = ["reach the red block", "reach the blue block", "reach the red block", ""]
+    prefix = policy.prefix_embeddings(obs, instructions)
+    start = len(policy.bos_ids) + 4 + 1  # bos, 4 image patches, 1 proprio token
+    assert prefix.shape[1] == start + 3 + config.max_instruction_tokens  # + 3 object tokens
+    # Moving only the red block changes its token and nothing before it in the prompt.
+    moved = {**obs, "observation.environment_state": obs["observation.environment_state"].clone()}
+    moved["observation.environment_state"][..., 0] += 1.0
+    changed = (policy.prefix_embeddings(moved, instructions) - prefix).abs().sum(-1)[0]
+    assert changed[:start].max() == 0 and changed[start] > 0 and changed[start + 1 :].max() == 0
+
+    out = policy.act(obs, instructions, generator=torch.Generator().manual_seed(3))
+    recomputed = policy.log_prob(obs, instructions, out.policy_outputs)
+    torch.testing.assert_close(recomputed.sum(-1), out.log_prob, atol=1e-4, rtol=0)
+    recomputed.sum().backward()
+    assert policy.object_tokens.value_proj.weight.grad.abs().sum() > 0
+
+    loaded = Policy.from_pretrained(policy.save_pretrained(tmp_path / "vla"))
+    torch.testing.assert_close(
+        loaded.act(obs, instructions, deterministic=True).actions,
+        policy.act(obs, instructions, deterministic=True).actions,
+    )
+    with pytest.raises(ValueError, match="env_state_names has 0"):
+        tiny_config(env_state_encoder="objects")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from embodied.datasets.lerobot.stats import (
 )
 from embodied.datasets.lerobot.videos import LOSSY_CRF, _video_info, _VideoEncoder
 from embodied.trajectory import Trajectory
+from embodied.types import observation_feature
 
 
 @dataclass
@@ -118,8 +119,14 @@ class LeRobotDatasetWriter:
         pix_fmt: str = "yuv444p",
         data_file_size_mb: float = DATA_FILE_SIZE_MB,
         video_file_size_mb: float = VIDEO_FILE_SIZE_MB,
+        names: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        """Create a new dataset at ``root`` (which must not exist, or be an empty directory)."""
+        """Create a new dataset at ``root`` (which must not exist, or be an empty directory).
+
+        ``names`` labels the values of state observations, keyed by observation key (an env's
+        ``feature_names``, e.g. ``{"environment_state": ["block_red.x", ...]}``): info.json
+        records them as the features' ``names``, as LeRobot does for motors.
+        """
         root = Path(root)
         if root.exists() and (not root.is_dir() or any(root.iterdir())):
             raise FileExistsError(
@@ -145,6 +152,10 @@ class LeRobotDatasetWriter:
             "features": {},
         }
         self._start(root, info, _video_info(fps, video_codec, crf, lossless, pix_fmt))
+        self._names = {
+            observation_feature(tuple(key.split("/"))): [str(n) for n in values]
+            for key, values in (names or {}).items()
+        }
 
     @classmethod
     def open(
@@ -207,6 +218,7 @@ class LeRobotDatasetWriter:
         self._next_data = _first_free_location(root / "data", ".parquet")
         self._next_episodes = _first_free_location(root / "meta/episodes", ".parquet")
         self._next_video: dict[str, tuple[int, int]] = {}  # per camera, after a commit
+        self._names: dict[str, list[str]] = {}  # feature -> value names, for a new dataset
 
     @property
     def num_episodes(self) -> int:
@@ -282,12 +294,23 @@ class LeRobotDatasetWriter:
         """Raise ValueError naming the key if an episode does not match the dataset's columns."""
         spec = {c.name: (c.values.dtype, c.values.shape[1:]) for c in columns}
         if self._frame_spec is None:
+            unknown = sorted(set(self._names) - set(spec))
+            if unknown:
+                raise ValueError(f"names given for {unknown}, which the episode does not have")
+            for name, labels in self._names.items():
+                if [len(labels)] != list(spec[name][1][-1:]):
+                    raise ValueError(
+                        f"{len(labels)} names given for {name!r}, whose values have shape "
+                        f"{list(spec[name][1])}"
+                    )
             self._frame_spec = spec
             features = self._info["features"]
             for column in columns:
                 features[column.name] = _feature_spec(
                     column, self._video_info if column.video else None
                 )
+                if column.name in self._names:
+                    features[column.name]["names"] = self._names[column.name]
             features.update(json.loads(json.dumps(DEFAULT_FEATURES)))
             return
         features = self._info["features"]
