@@ -242,6 +242,12 @@ class PolicyRow:
 # (label, policy type, config overrides): the figures issue 4 asks for, at tabletop shapes.
 POLICY_VARIANTS = (
     ("diffusion DDIM-10", "diffusion", {"num_inference_steps": 10}),
+    # configs/bc_diffusion.yaml's planner: no camera, the state through the object encoder.
+    (
+        "diffusion DDIM-10 state+objects",
+        "diffusion",
+        {"num_inference_steps": 10, "image_keys": [], "env_state_encoder": "objects"},
+    ),
     ("flow Euler-4", "flow", {"num_inference_steps": 4}),
     ("flow Euler-1", "flow", {"num_inference_steps": 1}),
     ("vla decoding", "vla", {}),
@@ -249,13 +255,26 @@ POLICY_VARIANTS = (
 )
 
 
-def tabletop_features(image_size: int) -> dict[str, dict[str, Any]]:
-    """Dataset features of a tabletop recording (one camera, agent_pos, 4-D actions)."""
-    return {
+def tabletop_features(image_size: int, env_state: bool = False) -> dict[str, dict[str, Any]]:
+    """Dataset features of a tabletop recording (one camera, agent_pos, 4-D actions, and with
+    ``env_state`` the named privileged state)."""
+    features: dict[str, dict[str, Any]] = {
         "observation.image": {"dtype": "video", "shape": [image_size, image_size, 3]},
         "observation.state": {"dtype": "float32", "shape": [4]},
         "action": {"dtype": "float32", "shape": [4]},
     }
+    if env_state:
+        import embodied.sims as sims
+
+        env = sims.make("Reach", obs_mode="state")
+        names = env.get_wrapper_attr("feature_names")["environment_state"]
+        env.close()
+        features["observation.environment_state"] = {
+            "dtype": "float32",
+            "shape": [len(names)],
+            "names": names,
+        }
+    return features
 
 
 def _random_observation(policy: Any, batch: int, rng: np.random.Generator) -> dict[str, Any]:
@@ -292,12 +311,14 @@ def bench_policy(
     from embodied.policies.base import POLICIES, Policy
 
     features = tabletop_features(image_size)
+    state_features = tabletop_features(image_size, env_state=True)
     tasks = ["reach the red block", "push the blue block onto the green plate"]
     policies: list[tuple[str, Any]] = []
     for label, kind, overrides in POLICY_VARIANTS:
         if kind in POLICIES:
             cls = POLICIES[kind]
-            config = cls.config_from_dataset(features, tasks, **overrides)
+            shape = state_features if "env_state_encoder" in overrides else features
+            config = cls.config_from_dataset(shape, tasks, **overrides)
             policies.append((label, cls(config).eval()))
     for directory in policy_dirs:
         policies.append((str(directory), Policy.from_pretrained(directory).eval()))

@@ -100,14 +100,15 @@ def test_bench_policy_reports_every_policy_against_ddim(
     assert main([*args, "--decisions", "1", "--repeats", "1", "--policy", str(saved)]) == 0
     rows = json.loads(capsys.readouterr().out)
     labels = [r["policy"] for r in rows if r["batch"] == 1]
-    assert labels[:5] == [
+    assert labels[:6] == [
         "diffusion DDIM-10",
+        "diffusion DDIM-10 state+objects",
         "flow Euler-4",
         "flow Euler-1",
         "vla decoding",
         "mlp gaussian",
     ]
-    assert labels[5] == str(saved)
+    assert labels[6] == str(saved)
     by_key = {(r["policy"], r["batch"]): r for r in rows}
     for row in rows:
         base = by_key["diffusion DDIM-10", row["batch"]]
