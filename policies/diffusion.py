@@ -516,8 +516,8 @@ class DiffusionPolicy(Policy):
         instructions: Sequence[str],
         state_noise: float = 0.0,
     ) -> torch.Tensor:
-        """``[B, G]``: per-step image features, normalised state (and environment state),
-        flattened, ++ instruction."""
+        """``[B, G]``: per-step image features, normalised state (and environment state: its
+        values, or the object encoder's output), flattened, ++ instruction."""
         config = self.config
         state = self._feature(obs, STATE_KEY, (config.state_dim,)).float()
         batch = state.shape[0]
