@@ -161,9 +161,15 @@ class InstructionEncoder(nn.Module):
 
     def embed_ids(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Mean embedding ``[B, embed_dim]`` of tokenised texts (``tokenize``'s output)."""
-        weights = mask.to(self.embedding.weight.dtype).unsqueeze(-1)  # [B, L, 1]
-        total = (self.embedding(ids) * weights).sum(dim=1)
-        return total / weights.sum(dim=1).clamp(min=1.0)
+        return mean_embedding(self.embedding, ids, mask)
+
+
+def mean_embedding(embedding: nn.Embedding, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B, E]``: the mean of ``embedding(ids)`` over the positions where ``mask`` holds
+    (``sum(mask * emb) / max(sum(mask), 1)``; a text with no tokens embeds to zeros)."""
+    weights = mask.to(embedding.weight.dtype).unsqueeze(-1)  # [B, L, 1]
+    total = (embedding(ids) * weights).sum(dim=1)
+    return total / weights.sum(dim=1).clamp(min=1.0)
 
 
 def object_groups(names: Sequence[str]) -> list[tuple[str, list[int]]]:

@@ -79,6 +79,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embodied.nn import mean_embedding
 from embodied.policies.base import (
     ENV_STATE_KEY,
     STATE_KEY,
@@ -632,8 +633,7 @@ class VLAPolicy(Policy):
             tokens = self.proprio(torch.cat(list(states.values()), dim=-1))
             parts.append(tokens.reshape(batch, config.n_proprio_tokens, -1).to(embed.weight.dtype))
         if self.object_tokens is not None:
-            weights = self.name_mask.to(embed.weight.dtype).unsqueeze(-1)  # [O, L, 1]
-            names = (embed(self.name_ids) * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+            names = mean_embedding(embed, self.name_ids, self.name_mask)  # [O, hidden]
             parts.append(self.object_tokens(env_state, names).to(embed.weight.dtype))
         parts.append(embed(ids))
         return torch.cat(parts, dim=1)
