@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from embodied import __version__
 
@@ -81,26 +82,27 @@ def _cmd_dataset_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_train_bc(args: argparse.Namespace) -> int:
+def _run_training(args: argparse.Namespace, config_class: type, train: Any, saved: str) -> int:
+    """``embodied train ...``: config file + overrides (+ ``--resume``), train, print where the
+    result was saved (``saved`` names the run's sub-directory)."""
     from embodied.config import load_config
-    from embodied.train.bc import BCConfig, train_bc
 
     overrides = list(args.overrides) + ([f"resume={args.resume}"] if args.resume else [])
-    cfg = load_config(BCConfig, args.config, overrides)
-    run = train_bc(cfg)
-    print(f"policy: {run.path / 'policy'}")
+    run = train(load_config(config_class, args.config, overrides))
+    print(f"{saved}: {run.path / saved}")
     return 0
+
+
+def _cmd_train_bc(args: argparse.Namespace) -> int:
+    from embodied.train.bc import BCConfig, train_bc
+
+    return _run_training(args, BCConfig, train_bc, "policy")
 
 
 def _cmd_train_reward(args: argparse.Namespace) -> int:
-    from embodied.config import load_config
     from embodied.train.reward import RewardTrainConfig, train_reward
 
-    overrides = list(args.overrides) + ([f"resume={args.resume}"] if args.resume else [])
-    cfg = load_config(RewardTrainConfig, args.config, overrides)
-    run = train_reward(cfg)
-    print(f"model: {run.path / 'model'}")
-    return 0
+    return _run_training(args, RewardTrainConfig, train_reward, "model")
 
 
 def _cmd_tasks(args: argparse.Namespace) -> int:
