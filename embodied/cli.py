@@ -44,6 +44,30 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from embodied.config import load_config
+    from embodied.evaluate import EvalConfig, run_eval
+    from embodied.report import EVAL_HEADERS, eval_rows, markdown_table
+
+    flags = {
+        "policy": args.policy,
+        "suite": args.suite,
+        "episodes": args.episodes,
+        "seed": args.seed,
+        "videos": args.videos,
+        "workers": args.workers,
+        "out": args.out,
+    }
+    given = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    if args.tasks:
+        given.append(f"tasks=[{','.join(args.tasks)}]")
+    cfg = load_config(EvalConfig, args.config, [*given, *args.overrides])
+    run, results = run_eval(cfg)
+    print(markdown_table(EVAL_HEADERS, eval_rows(results)))
+    print(f"\nreport: {run.path / 'report.html'}")
+    return 0
+
+
 def _cmd_label(args: argparse.Namespace) -> int:
     from embodied.label import run_label
 
@@ -199,6 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--rewind", type=float, help="fraction of successes also stored rewound")
     collect.set_defaults(func=_cmd_collect)
 
+    ev = sub.add_parser("eval", help="success rates with intervals, videos and a report")
+    ev.add_argument("config", nargs="?", default=None, help="YAML config (EvalConfig)")
+    ev.add_argument("overrides", nargs="*", help="dotted overrides, e.g. image_size=96")
+    ev.add_argument("--policy", help="saved policy directory, 'expert' or 'random'")
+    ev.add_argument("--suite", choices=["tabletop", "metaworld"], help="task suite")
+    ev.add_argument("--tasks", nargs="+", help="tasks (default: all; Meta-World: MT10)")
+    ev.add_argument("--episodes", type=int, help="episodes per task")
+    ev.add_argument("--seed", type=int, help="first seed (default 100000, held out)")
+    ev.add_argument("--videos", type=int, help="videos per task")
+    ev.add_argument("--workers", type=int, help="parallel env workers")
+    ev.add_argument("--out", help="root directory of the run")
+    ev.set_defaults(func=_cmd_eval)
+
     label = sub.add_parser("label", help="write progress labels into a dataset")
     label.add_argument("dataset", help="LeRobot v3 dataset directory")
     label.add_argument("--method", choices=["procedure", "time"], default="procedure")
@@ -265,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``embodied`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("demo", "collect", "train") and args.config and "=" in args.config:
+    if getattr(args, "config", None) and "=" in args.config:
         args.overrides, args.config = [args.config, *args.overrides], None
     try:
         return args.func(args)

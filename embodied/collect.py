@@ -4,6 +4,8 @@ Besides clean expert demonstrations, reward models need failures on purpose: noi
 (``noise``), experts cut off early (``cutoff``: that fraction of episodes is stopped after 30-70%
 of the expert's usual length), and ReWiND-style rewound copies of successful episodes
 (``rewind``: played forward, then backward), all labelled as failures with their true stages.
+With ``record="expert"`` the noisy expert's states are kept but each frame's action is the
+clean expert action there (DART, Laskey et al. 2017): demonstrations that show how to recover.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from embodied.run import progress
 
 POLICIES = ("expert", "random")
+RECORDS = ("executed", "expert")
 
 
 @dataclass
@@ -30,6 +33,7 @@ class CollectConfig:
     episodes: int = 10
     out: str = "data/collect"
     noise: float = 0.0
+    record: str = "executed"  # "expert": execute the noisy action, record the clean one (DART)
     seed: int = 0
     workers: int = 1
     image_size: int = 96
@@ -80,6 +84,10 @@ def check_config(cfg: CollectConfig) -> None:
             raise ValueError(f"{name} must be a fraction in [0, 1], got {getattr(cfg, name)}")
     if cfg.noise < 0:
         raise ValueError(f"noise must be >= 0, got {cfg.noise}")
+    if cfg.record not in RECORDS:
+        raise ValueError(f"record must be one of {RECORDS}, got {cfg.record!r}")
+    if cfg.record == "expert" and cfg.policy != "expert":
+        raise ValueError(f"record='expert' labels frames with the expert; policy is {cfg.policy!r}")
 
 
 def run_collect(cfg: CollectConfig) -> CollectSummary:
@@ -148,11 +156,9 @@ def _state_names(vec: Any, obs_mode: str) -> dict[str, list[str]]:
 
 
 def _policy(cfg: CollectConfig, vec: Any, rng: np.random.Generator) -> Callable[[Any], np.ndarray]:
-    """Batched actions for every sub-env: the scripted experts (run inside the workers, with
-    Gaussian noise added here) or uniform random actions."""
-    from embodied.sims.registry import add_action_noise
+    """Batched actions for every sub-env: the (noisy) scripted experts or uniform random."""
+    from embodied.rollout import ExpertActor, RandomActor
 
-    shape = (vec.num_envs, *vec.single_action_space.shape)
     if cfg.policy == "random":
-        return lambda obs: rng.uniform(-1.0, 1.0, size=shape).astype(np.float32)
-    return lambda obs: add_action_noise(np.stack(vec.call("scripted_action")), cfg.noise, rng)
+        return RandomActor(vec, rng)
+    return ExpertActor(vec, cfg.noise, rng, record=cfg.record)

@@ -6,7 +6,6 @@ task, ``results.json``, ``report.md`` and ``report.html`` (a page with the table
 
 from __future__ import annotations
 
-import html
 import json
 import time
 from dataclasses import dataclass, field
@@ -101,22 +100,28 @@ def run_demo(cfg: DemoConfig) -> tuple[RunDir, list[TaskResult]]:
     return run, results
 
 
+DEMO_HEADERS = ("task", "episodes", "success", "mean length", "collisions/episode")
+
+
+def _rows(results: list[TaskResult]) -> list[list[str]]:
+    return [
+        [r.task, str(r.episodes), f"{r.success_rate:.0%}", f"{r.mean_length:.1f}",
+         f"{r.collisions_per_episode:.2f}"]
+        for r in results
+    ]  # fmt: skip
+
+
 def markdown_table(results: list[TaskResult]) -> str:
     """The results as a markdown table (also printed as the demo's summary)."""
-    lines = [
-        "| task | episodes | success | mean length | collisions/episode |",
-        "|---|---|---|---|---|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r.task} | {r.episodes} | {r.success_rate:.0%} | {r.mean_length:.1f} "
-            f"| {r.collisions_per_episode:.2f} |"
-        )
-    return "\n".join(lines)
+    from embodied.report import markdown_table as table
+
+    return table(DEMO_HEADERS, _rows(results))
 
 
 def write_report(path: Path, cfg: DemoConfig, results: list[TaskResult]) -> None:
     """Write ``results.json``, ``report.md`` and a self-contained ``report.html``."""
+    from embodied.report import html_page, html_table, video_cards
+
     created = time.strftime("%Y-%m-%d %H:%M:%S")
     payload = {"created": created, "results": [r.__dict__ for r in results]}
     atomic_write_text(path / "results.json", json.dumps(payload, indent=2) + "\n")
@@ -134,31 +139,14 @@ def write_report(path: Path, cfg: DemoConfig, results: list[TaskResult]) -> None
         md += [f"- video: [{v}]({v})" for v in r.videos] + [""]
     atomic_write_text(path / "report.md", "\n".join(md))
 
-    rows = "".join(
-        f"<tr><td>{html.escape(r.task)}</td><td>{r.episodes}</td><td>{r.success_rate:.0%}</td>"
-        f"<td>{r.mean_length:.1f}</td><td>{r.collisions_per_episode:.2f}</td></tr>"
-        for r in results
+    videos = [
+        (v, f"{r.task}: {r.instructions[i]}") for r in results for i, v in enumerate(r.videos)
+    ]
+    body = (
+        f"<p>{cfg.episodes} episodes per task, action noise {cfg.noise}; generated {created}.</p>"
+        + html_table(DEMO_HEADERS, _rows(results))
+        + "<h2>Rollouts</h2>"
+        + video_cards(videos)
     )
-    cards = "".join(
-        f'<figure><video src="{html.escape(v)}" controls loop muted autoplay playsinline '
-        f'width="256"></video><figcaption><b>{html.escape(r.task)}</b>: '
-        f"{html.escape(r.instructions[i])}</figcaption></figure>"
-        for r in results
-        for i, v in enumerate(r.videos)
-    )
-    page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Embodied demo report</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2rem; color: #222; }}
-table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: 4px 10px; }}
-th {{ background: #f0f0f0; }} .videos {{ display: flex; flex-wrap: wrap; gap: 1rem; }}
-figure {{ margin: 0; width: 256px; }} figcaption {{ font-size: 0.85rem; }}
-</style></head><body>
-<h1>Scripted experts on the tabletop suite</h1>
-<p>{cfg.episodes} episodes per task, action noise {cfg.noise}; generated {created}.</p>
-<table><tr><th>task</th><th>episodes</th><th>success</th><th>mean length</th>
-<th>collisions / episode</th></tr>{rows}</table>
-<h2>Rollouts</h2><div class="videos">{cards}</div>
-</body></html>
-"""
-    atomic_write_text(path / "report.html", page)
+    title = "Scripted experts on the tabletop suite"
+    atomic_write_text(path / "report.html", html_page(title, body))

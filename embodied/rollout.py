@@ -86,6 +86,7 @@ def rollout_vector(
     seeds: Sequence[int],
     suite: str = "",
     step_limits: Sequence[int | None] | None = None,
+    capture: int = 0,
 ) -> Iterator[Trajectory]:
     """Run one episode per seed on a vector env, yielding each ``Trajectory`` as it finishes.
 
@@ -95,14 +96,26 @@ def rollout_vector(
     without a seed whenever they finish) but are ignored.
     ``act(batched_obs) -> [num_envs, A]`` gets the whole batch; an ``act`` with a
     ``reset(envs, instructions)`` method is told which sub-envs start a new episode, and on
-    what. ``step_limits[e]`` cuts episode ``e`` off after that many steps (marked truncated):
-    deliberate failure data.
+    what. An ``act`` that sets ``act.labels`` (``[num_envs, A]``) on each call has the env
+    execute the returned actions but the trajectory record the labels (DART-style data).
+    ``step_limits[e]`` cuts episode ``e`` off after that many steps (marked truncated):
+    deliberate failure data. The first ``capture`` episodes also get ``frames``: the sub-env's
+    ``render()`` after the reset and after every step (for videos).
     """
     n = vec.num_envs
     pending = list(range(len(seeds)))
     episode_of: list[int | None] = [None] * n
     builders: list[TrajectoryBuilder | None] = [None] * n
+    frames: list[list[np.ndarray] | None] = [None] * n
     obs: Any = None
+
+    def record_frames(envs: Sequence[int]) -> None:
+        """Append the current render of each capturing sub-env among ``envs``."""
+        if any(frames[i] is not None for i in envs):
+            images = vec.call("render")
+            for i in envs:
+                if frames[i] is not None:
+                    frames[i].append(np.asarray(images[i]))
 
     def start(envs: list[int]) -> Any:
         """Reset ``envs`` to the next pending seeds; return the batched observation."""
@@ -114,6 +127,7 @@ def rollout_vector(
             builders[i] = None
             if episode_of[i] is not None:
                 reset_seeds[i] = int(seeds[episode_of[i]])
+            frames[i] = [] if episode_of[i] is not None and episode_of[i] < capture else None
         new_obs, infos = vec.reset(seed=reset_seeds, options={"reset_mask": mask})
         env_infos = {i: _env_info(infos, i) for i in envs}
         if hasattr(act, "reset"):  # a stateful actor (observation history, action queue)
@@ -130,12 +144,15 @@ def rollout_vector(
                 seed=reset_seeds[i],
                 metadata={"reset_info": numeric_info(info)},
             )
+        record_frames(envs)
         return new_obs
 
     obs = start(list(range(n)))
     while any(b is not None for b in builders):
         actions = np.asarray(act(obs), dtype=np.float32)
         obs, rewards, terminated, truncated, infos = vec.step(actions)
+        recorded = np.asarray(getattr(act, "labels", actions), dtype=np.float32)
+        record_frames(range(n))
         finished = []
         for i, builder in enumerate(builders):
             if builder is None:  # idle: keep it resettable, ignore what it does
@@ -146,11 +163,15 @@ def rollout_vector(
             limit = None if step_limits is None else step_limits[episode_of[i]]
             cut = limit is not None and builder.num_steps + 1 >= limit
             done_t, done_tr = bool(terminated[i]), bool(truncated[i]) or cut
-            builder.add_step(actions[i], _take(obs, i), float(rewards[i]), done_t, done_tr, info)
+            builder.add_step(recorded[i], _take(obs, i), float(rewards[i]), done_t, done_tr, info)
             if "error" in info:
                 builder.metadata["error"] = str(info["error"])
             if done_t or done_tr:
-                yield builder.build()
+                traj = builder.build()
+                if frames[i] is not None:
+                    traj.frames = np.stack(frames[i])
+                    frames[i] = None
+                yield traj
                 finished.append(i)
         if finished:
             obs = start(finished)
@@ -217,3 +238,44 @@ class PolicyActor:
             for j, i in enumerate(need):
                 self.queue[i] = list(chunks[j])
         return np.stack([self.queue[i].pop(0) for i in range(self.num_envs)])
+
+
+class ExpertActor:
+    """The scripted experts of a vector env's sub-envs (run inside the workers, privileged), with
+    Gaussian action noise added here. ``record="expert"`` keeps the clean actions of each call
+    in ``labels``, so ``rollout_vector`` records them while the env executes the noisy ones."""
+
+    def __init__(
+        self,
+        vec: gym.vector.VectorEnv,
+        noise: float = 0.0,
+        rng: np.random.Generator | None = None,
+        record: str = "executed",
+    ) -> None:
+        if record not in ("executed", "expert"):
+            raise ValueError(f"record must be 'executed' or 'expert', got {record!r}")
+        self.vec, self.noise, self.record = vec, noise, record
+        self.rng = rng if rng is not None else np.random.default_rng()
+
+    def __call__(self, obs: Any) -> np.ndarray:
+        """Noisy expert actions ``[num_envs, A]``."""
+        from embodied.sims.registry import add_action_noise
+
+        clean = np.stack(self.vec.call("scripted_action")).astype(np.float32)
+        if self.record == "expert":
+            self.labels = clean
+        return add_action_noise(clean, self.noise, self.rng)
+
+
+class RandomActor:
+    """Uniform random actions in the vector env's action box."""
+
+    def __init__(self, vec: gym.vector.VectorEnv, rng: np.random.Generator | None = None) -> None:
+        space = vec.single_action_space
+        self.low, self.high, self.num_envs = space.low, space.high, vec.num_envs
+        self.rng = rng if rng is not None else np.random.default_rng()
+
+    def __call__(self, obs: Any) -> np.ndarray:
+        """Actions ``[num_envs, A]``."""
+        shape = (self.num_envs, *self.low.shape)
+        return self.rng.uniform(self.low, self.high, size=shape).astype(np.float32)

@@ -196,6 +196,9 @@ class Trajectory:
     policy_outputs: ArrayTree = field(default_factory=dict)
     decision_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Rendered RGB frames uint8 [T+1, H, W, 3] when the rollout captured video (for MP4s and
+    # reports); not part of to_dict or datasets, which store the observations.
+    frames: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def length(self) -> int:

@@ -10,6 +10,17 @@ from pathlib import Path
 import numpy as np
 
 
+def encoder_available(codec: str = "libx264") -> bool:
+    """Whether PyAV is installed and its FFmpeg has an encoder for ``codec``."""
+    try:
+        import av
+
+        av.codec.Codec(codec, "w")
+    except Exception:  # ImportError, or FFmpeg built without the encoder
+        return False
+    return True
+
+
 def write_video(
     path: str | os.PathLike[str],
     frames: np.ndarray | Sequence[np.ndarray],
@@ -51,3 +62,50 @@ def write_video(
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def annotate_frames(
+    frames: np.ndarray, text: str = "", progress: Sequence[float] | np.ndarray | None = None
+) -> np.ndarray:
+    """Copies of ``uint8 [T, H, W, 3]`` frames with ``text`` (the instruction) on a dark band at
+    the top and, when ``progress`` gives one value in [0, 1] per frame (or per step: the first
+    frame then shows 0), a progress bar at the bottom."""
+    import cv2
+
+    frames = np.array(frames, dtype=np.uint8, copy=True)
+    count, height, width = frames.shape[:3]
+    values = None
+    if progress is not None:
+        values = np.clip(np.asarray(progress, dtype=float).reshape(-1), 0.0, 1.0)
+        if len(values) == count - 1:
+            values = np.concatenate([[0.0], values])
+        if len(values) != count:
+            raise ValueError(f"progress has {len(values)} values for {count} frames")
+    font, scale = cv2.FONT_HERSHEY_SIMPLEX, max(0.3, height / 400)
+    lines = _wrap(text, width - 8, font, scale) if text else []
+    line_h = cv2.getTextSize("Ag", font, scale, 1)[0][1] + 6
+    band, bar = line_h * len(lines) + 2, max(height // 40, 3)
+    for t, frame in enumerate(frames):
+        if lines:
+            frame[:band] = (frame[:band] * 0.35).astype(np.uint8)
+            for i, line in enumerate(lines):
+                y = (i + 1) * line_h - 3
+                cv2.putText(frame, line, (4, y), font, scale, (255, 255, 255), 1, cv2.LINE_AA)
+        if values is not None:
+            frame[height - bar :] = (frame[height - bar :] * 0.35).astype(np.uint8)
+            frame[height - bar :, : int(round(values[t] * width))] = (60, 200, 90)
+    return frames
+
+
+def _wrap(text: str, width: int, font: int, scale: float) -> list[str]:
+    """Greedy word wrap of ``text`` into lines at most ``width`` pixels wide."""
+    import cv2
+
+    lines: list[str] = []
+    for word in text.split():
+        candidate = f"{lines[-1]} {word}" if lines else word
+        if lines and cv2.getTextSize(candidate, font, scale, 1)[0][0] <= width:
+            lines[-1] = candidate
+        else:
+            lines.append(word)
+    return lines

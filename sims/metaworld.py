@@ -128,6 +128,7 @@ class MetaWorldEnv(gym.Env):
         render_mode: str | None = "rgb_array",
         fast_render: bool = True,
         max_path_length: int | None = None,
+        terminate_on_success: bool = False,
     ) -> None:
         metaworld = _import_metaworld()
         from metaworld.policies import ENV_POLICY_MAP
@@ -141,6 +142,9 @@ class MetaWorldEnv(gym.Env):
         height, width = image_shape(image_size)
 
         self.task, self.obs_mode, self.render_mode = task, obs_mode, render_mode
+        # Meta-World runs every episode to max_path_length; ending at the first success (as the
+        # tabletop suite does) makes evaluation faster and the length a time-to-success.
+        self.terminate_on_success = terminate_on_success
         self.instruction = task_instruction(task)
         # Render through our renderer only: Meta-World's own is never given a render mode.
         self._env = metaworld.ALL_V3_ENVIRONMENTS[task]()
@@ -210,8 +214,9 @@ class MetaWorldEnv(gym.Env):
         for key, value in mw_info.items():
             if key not in info and isinstance(value, (int, float, np.number, np.bool_)):
                 info[key] = float(value)
-        truncated = bool(truncated or self._steps >= self.max_episode_steps)
-        return self._observation(), float(reward), False, truncated, info
+        terminated = self.terminate_on_success and info["success"]
+        truncated = not terminated and bool(truncated or self._steps >= self.max_episode_steps)
+        return self._observation(), float(reward), terminated, truncated, info
 
     def render(self) -> np.ndarray | None:
         """The first camera's image (``render_mode="rgb_array"``)."""

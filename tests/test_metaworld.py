@@ -195,3 +195,37 @@ def test_feature_names_label_the_state_values() -> None:
     puck = [value[f"object_1.{q}"] for q in "xyz"]
     np.testing.assert_allclose(puck, inner._get_pos_objects()[:3], atol=1e-6)
     env.close()
+
+
+def test_terminate_on_success_ends_the_episode_at_the_first_success() -> None:
+    env = make("reach-v3", obs_mode="state", terminate_on_success=True)
+    expert = sims.make_expert(env)
+    obs, info = env.reset(seed=3)
+    terminated = truncated = False
+    steps = 0
+    while not (terminated or truncated):
+        obs, _, terminated, truncated, info = env.step(expert(obs))
+        steps += 1
+    assert terminated and not truncated and info["success"] and steps < 500
+    env.close()
+
+
+def test_eval_of_the_scripted_expert_and_random_actions_on_metaworld(tmp_path: Path) -> None:
+    from embodied.evaluate import EvalConfig, run_eval, suite_tasks
+
+    assert suite_tasks("metaworld", ["reach-v3", "metaworld/push-v3"]) == [
+        "metaworld/reach-v3",
+        "metaworld/push-v3",
+    ]
+    assert len(suite_tasks("metaworld")) == 10  # MT10 by default
+    assert "metaworld/window-close-v3" in suite_tasks("metaworld", ["MT10"])
+    with pytest.raises(ValueError, match="reach-v9"):
+        suite_tasks("metaworld", ["reach-v9"])
+
+    common = {"suite": "metaworld", "tasks": ["reach-v3"], "episodes": 3, "out": str(tmp_path)}
+    run, (expert,) = run_eval(EvalConfig(policy="expert", videos=1, image_size=48, **common))
+    assert expert.task == "metaworld/reach-v3" and expert.success_rate == 1.0
+    assert expert.mean_length < 500  # episodes end at the first success
+    assert (run.path / expert.videos[0]).stat().st_size > 0
+    _, (random,) = run_eval(EvalConfig(policy="random", videos=0, **common))
+    assert random.success_rate <= expert.success_rate and random.mean_length > expert.mean_length

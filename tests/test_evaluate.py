@@ -1,0 +1,182 @@
+"""``embodied eval``: Wilson intervals, per-task summaries, videos with overlays, the report, and
+refusals before any rollout; the rollout engine's video capture and DART-style labels."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+import embodied.sims as sims
+from embodied.cli import main
+from embodied.evaluate import (
+    EvalConfig,
+    run_eval,
+    suite_tasks,
+    summarize,
+    wilson_interval,
+)
+from embodied.rollout import ExpertActor, rollout_vector
+from embodied.trajectory import TrajectoryBuilder
+from embodied.video import annotate_frames
+
+
+def _wilson_by_hand(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return centre - half, centre + half
+
+
+@pytest.mark.parametrize(("k", "n"), [(0, 10), (5, 10), (10, 10), (37, 50), (1, 3)])
+def test_wilson_interval_matches_the_formula(k: int, n: int) -> None:
+    low, high = wilson_interval(k, n)
+    want_low, want_high = _wilson_by_hand(k, n)
+    assert low == pytest.approx(max(want_low, 0.0), abs=1e-9)
+    assert high == pytest.approx(min(want_high, 1.0), abs=1e-9)
+    assert low <= k / n <= high
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def _traj(successes: list[bool], collisions: list[int], progress: list[float]):
+    builder = TrajectoryBuilder({"agent_pos": np.zeros(4, np.float32)}, instruction="do it")
+    for s, c, p in zip(successes, collisions, progress, strict=True):
+        info = {"success": s, "collisions": c, "progress": np.float32(p)}
+        builder.add_step(np.zeros(4, np.float32), {"agent_pos": np.zeros(4, np.float32)}, 0.0,
+                         False, False, info)  # fmt: skip
+    return builder.build()
+
+
+def test_summary_counts_a_success_raised_at_any_step() -> None:
+    # Meta-World never terminates: success once during the episode counts (its convention).
+    trajs = [
+        _traj([False, True, False], [0, 1, 1], [0.2, 1.0, 0.5]),
+        _traj([False, False], [0, 0], [0.1, 0.3]),
+        _traj([False, False, True], [2, 0, 0], [0.2, 0.6, 1.0]),
+    ]
+    result = summarize("Push", trajs)
+    assert (result.successes, result.episodes) == (2, 3)
+    assert result.success_rate == pytest.approx(2 / 3)
+    assert (result.ci_low, result.ci_high) == pytest.approx(wilson_interval(2, 3))
+    assert result.collisions_per_episode == pytest.approx((2 + 0 + 2) / 3)
+    assert result.final_progress == pytest.approx((0.5 + 0.3 + 1.0) / 3)
+    assert result.mean_length == pytest.approx(8 / 3)
+    assert result.episode_successes == [True, False, True]
+    metrics = result.metrics()
+    assert metrics["eval/Push/success_rate"] == pytest.approx(2 / 3)
+    assert metrics["eval/Push/collisions"] == pytest.approx(4 / 3)
+
+
+def test_suite_tasks_expand_presets_and_name_unknown_tasks() -> None:
+    assert suite_tasks("tabletop") == sims.list_tasks()
+    assert suite_tasks("tabletop", ["Push"]) == ["Push"]
+    with pytest.raises(ValueError, match=r"Psh"):
+        suite_tasks("tabletop", ["Psh"])
+    with pytest.raises(ValueError, match=r"unknown suite 'libero'"):
+        suite_tasks("libero")
+
+
+def test_annotate_frames_draws_text_and_a_progress_bar() -> None:
+    frames = np.full((3, 64, 96, 3), 128, np.uint8)
+    out = annotate_frames(frames, "push the red block", [0.5, 1.0])  # per step: first frame 0
+    assert out.shape == frames.shape and (frames == 128).all()  # the input is left alone
+    bottom = out[:, -1, :, 1]
+    assert (bottom[0] < 128).all()  # progress 0: the bar is empty (darkened)
+    assert (bottom[1, :48] == 200).all() and (bottom[1, 48:] < 128).all()  # half full
+    assert (bottom[2] == 200).all()
+    assert (out[:, 2:8] != 128).any()  # the instruction's band and text
+    with pytest.raises(ValueError, match="progress has 5 values for 3 frames"):
+        annotate_frames(frames, "x", [0.1] * 5)
+
+
+def test_capture_records_the_rendered_frames_of_the_first_episodes() -> None:
+    vec = sims.make_vec_env("Reach", 2, autoreset_mode="disabled", image_size=48)
+    try:
+        trajs = sorted(
+            rollout_vector(vec, ExpertActor(vec), [5, 6, 7], capture=2), key=lambda t: t.seed
+        )
+    finally:
+        vec.close()
+    for traj in trajs[:2]:
+        # The front camera's render is the observation: frames must match it one for one.
+        assert traj.frames is not None and traj.frames.shape == (traj.length + 1, 48, 48, 3)
+        np.testing.assert_array_equal(traj.frames, traj.observations["pixels"])
+    assert trajs[2].frames is None
+
+
+def test_expert_labels_are_recorded_while_the_noisy_action_is_executed() -> None:
+    class Labelled:
+        """Executes a constant push along +x but labels every step with the zero action."""
+
+        def __call__(self, obs):
+            self.labels = np.zeros((1, 4), np.float32)
+            return np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
+
+    vec = sims.make_vec_env("Reach", 1, autoreset_mode="disabled", obs_mode="state")
+    try:
+        (traj,) = rollout_vector(vec, Labelled(), [0])
+        rng = np.random.default_rng(0)
+        actor = ExpertActor(vec, noise=0.5, rng=rng, record="expert")
+        vec.reset(seed=[1])
+        executed = actor(None)
+        clean = np.stack(vec.call("scripted_action"))
+    finally:
+        vec.close()
+    assert (traj.actions == 0).all()
+    x = traj.observations["agent_pos"][:, 0]
+    assert x[-1] - x[0] > 0.1  # the executed action moved the hand
+    np.testing.assert_array_equal(actor.labels, clean)
+    assert np.abs(executed - clean).max() > 0.05
+    with pytest.raises(ValueError, match="record must be"):
+        ExpertActor(vec, record="clean")
+
+
+def test_eval_expert_and_random_write_a_complete_report(tmp_path: Path, capsys) -> None:
+    code = main(
+        ["eval", "--policy", "expert", "--tasks", "Reach", "Push", "--episodes", "3",
+         "--videos", "1", "--out", str(tmp_path), "image_size=64"]
+    )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\| Reach \| 3 \| 100% \| 44%-100% \|", out), out
+    assert "suite average" in out
+    (run,) = tmp_path.iterdir()
+    results = json.loads((run / "results.json").read_text())
+    assert [r["task"] for r in results["results"]] == ["Reach", "Push"]
+    assert results["suite_success_rate"] == 1.0
+    assert results["config"]["seed"] == 100_000  # held-out seeds by default
+    page = (run / "report.html").read_text()
+    assert "<table>" in page and page.count("data:image/png;base64,") == 2
+    for task in ("Reach", "Push"):
+        video = run / "videos" / f"{task}-100000.mp4"
+        assert f'src="videos/{task}-100000.mp4"' in page
+        with av.open(str(video)) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        length = next(r for r in results["results"] if r["task"] == task)["mean_length"]
+        assert frames[0].shape == (64, 64, 3) and len(frames) > 10
+        assert length > 0
+    assert (run / "report.md").read_text().count("| Push |") == 1
+
+    cfg = EvalConfig(policy="random", tasks=["Reach"], episodes=4, videos=0, out=str(tmp_path))
+    _, (result,) = run_eval(cfg)
+    assert result.success_rate == 0.0 and result.mean_length == 80
+
+
+def test_eval_refuses_bad_input_before_any_rollout(tmp_path: Path) -> None:
+    from embodied.policies import make_policy
+
+    policy = make_policy("mlp", state_dim=4, action_dim=3)
+    policy.save_pretrained(tmp_path / "policy3")
+    cfg = EvalConfig(policy=str(tmp_path / "policy3"), tasks=["Reach"], out=str(tmp_path / "r"))
+    with pytest.raises(ValueError, match=r"shape \(3,\) but Reach takes actions of shape \(4,\)"):
+        run_eval(cfg)
+    assert not (tmp_path / "r").exists()  # refused before a run directory or rollout
+    with pytest.raises(ValueError, match="has no config.json"):
+        run_eval(EvalConfig(policy=str(tmp_path / "nothing"), out=str(tmp_path / "r")))
+    with pytest.raises(ValueError, match=r"videos must be in \[0, episodes=2\]"):
+        run_eval(EvalConfig(episodes=2, videos=3, out=str(tmp_path / "r")))
