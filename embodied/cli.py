@@ -129,6 +129,12 @@ def _cmd_train_reward(args: argparse.Namespace) -> int:
     return _run_training(args, RewardTrainConfig, train_reward, "model")
 
 
+def _cmd_train_grpo(args: argparse.Namespace) -> int:
+    from embodied.train.grpo import GRPOConfig, train_grpo
+
+    return _run_training(args, GRPOConfig, train_grpo, "policy")
+
+
 def _cmd_tasks(args: argparse.Namespace) -> int:
     import embodied.sims as sims
 
@@ -264,6 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
     reward.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.d_model=128")
     reward.add_argument("--resume", default=None, help="run directory to continue exactly")
     reward.set_defaults(func=_cmd_train_reward)
+
+    grpo = train_sub.add_parser("grpo", help="trajectory-level GRPO from a saved policy")
+    grpo.add_argument("config", nargs="?", default=None, help="YAML config (GRPOConfig)")
+    grpo.add_argument("overrides", nargs="*", help="dotted overrides, e.g. group_size=8")
+    grpo.add_argument("--resume", default=None, help="run directory to continue exactly")
+    grpo.set_defaults(func=_cmd_train_grpo)
 
     tasks = sub.add_parser("tasks", help="list the tasks of a suite")
     tasks.add_argument("--suite", default="tabletop", choices=["tabletop", "metaworld"])

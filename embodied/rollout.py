@@ -97,7 +97,9 @@ def rollout_vector(
     ``act(batched_obs) -> [num_envs, A]`` gets the whole batch; an ``act`` with a
     ``reset(envs, instructions)`` method is told which sub-envs start a new episode, and on
     what. An ``act`` that sets ``act.labels`` (``[num_envs, A]``) on each call has the env
-    execute the returned actions but the trajectory record the labels (DART-style data).
+    execute the returned actions but the trajectory record the labels (DART-style data); one
+    that sets ``act.outputs`` (per sub-env: a dict of arrays, or None) has those recorded as the
+    policy's decision at that step (``Trajectory.policy_outputs`` / ``decision_steps``).
     ``step_limits[e]`` cuts episode ``e`` off after that many steps (marked truncated):
     deliberate failure data. The first ``capture`` episodes also get ``frames``: the sub-env's
     ``render()`` after the reset and after every step (for videos).
@@ -152,6 +154,7 @@ def rollout_vector(
         actions = np.asarray(act(obs), dtype=np.float32)
         obs, rewards, terminated, truncated, infos = vec.step(actions)
         recorded = np.asarray(getattr(act, "labels", actions), dtype=np.float32)
+        decisions = getattr(act, "outputs", None)
         record_frames(range(n))
         finished = []
         for i, builder in enumerate(builders):
@@ -160,6 +163,8 @@ def rollout_vector(
                     finished.append(i)
                 continue
             info = _env_info(infos, i)
+            if decisions is not None and decisions[i] is not None:
+                builder.add_decision(builder.num_steps, decisions[i])
             limit = None if step_limits is None else step_limits[episode_of[i]]
             cut = limit is not None and builder.num_steps + 1 >= limit
             done_t, done_tr = bool(terminated[i]), bool(truncated[i]) or cut
@@ -180,7 +185,11 @@ def rollout_vector(
 class PolicyActor:
     """Drives a vector env with a ``Policy``: keeps each sub-env's last ``n_obs_steps``
     observations (repeating the first at an episode start) and plays each sampled action chunk
-    for ``n_action_steps`` steps before asking the policy again, as Diffusion Policy does."""
+    for ``n_action_steps`` steps before asking the policy again, as Diffusion Policy does.
+
+    With ``record=True`` each decision's ``policy_outputs`` (plus the sampling-time
+    ``log_prob``) is offered to ``rollout_vector`` through ``outputs``, so the trajectories carry
+    what ``Policy.log_prob`` needs (RL); ``decision_windows`` rebuilds the observations."""
 
     def __init__(
         self,
@@ -189,11 +198,13 @@ class PolicyActor:
         n_obs_steps: int = 1,
         deterministic: bool = True,
         seed: int = 0,
+        record: bool = False,
     ) -> None:
         import torch
 
         self.policy, self.num_envs, self.n_obs_steps = policy, num_envs, n_obs_steps
-        self.deterministic = deterministic
+        self.deterministic, self.record = deterministic, record
+        self.outputs: list[dict[str, np.ndarray] | None] | None = None
         self.generator = torch.Generator().manual_seed(seed)
         self.history: list[list[dict[str, np.ndarray]]] = [[] for _ in range(num_envs)]
         self.queue: list[list[np.ndarray]] = [[] for _ in range(num_envs)]
@@ -237,6 +248,13 @@ class PolicyActor:
             chunks = np.asarray(out.actions.cpu().numpy(), dtype=np.float32)
             for j, i in enumerate(need):
                 self.queue[i] = list(chunks[j])
+            if self.record:
+                self.outputs = [None] * self.num_envs
+                recorded = {**out.policy_outputs, "sampled_log_prob": out.log_prob}
+                for j, i in enumerate(need):
+                    self.outputs[i] = {k: v[j].cpu().numpy() for k, v in recorded.items()}
+        elif self.record:
+            self.outputs = [None] * self.num_envs
         return np.stack([self.queue[i].pop(0) for i in range(self.num_envs)])
 
 
@@ -279,3 +297,16 @@ class RandomActor:
         """Actions ``[num_envs, A]``."""
         shape = (self.num_envs, *self.low.shape)
         return self.rng.uniform(self.low, self.high, size=shape).astype(np.float32)
+
+
+def decision_windows(traj: Trajectory, n_obs_steps: int) -> dict[str, np.ndarray]:
+    """The observation windows ``{feature: [K, n_obs_steps, ...]}`` each recorded decision saw:
+    observations ``s - n + 1 .. s`` for a decision at step ``s``, the first repeated before the
+    episode's start (as ``PolicyActor`` keeps them)."""
+    from embodied.types import env_observation_features
+
+    steps = np.asarray(traj.decision_steps, dtype=np.int64)
+    offsets = np.arange(n_obs_steps) - (n_obs_steps - 1)
+    index = np.clip(steps[:, None] + offsets[None, :], 0, None)  # [K, n]
+    features = env_observation_features(traj.observations)
+    return {key: value[index] for key, value in features.items()}

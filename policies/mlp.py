@@ -184,7 +184,8 @@ class MLPPolicy(Policy):
         deterministic: bool = False,
         generator: torch.Generator | None = None,
     ) -> ActionOutput:
-        """One action per observation: ``actions [B, 1, A]`` (raw, clipped), ``log_prob [B]``."""
+        """One action per observation: ``actions [B, 1, A]`` (raw, clipped), ``log_prob [B]``,
+        ``policy_outputs`` ``sample`` (before clipping) and per-dimension ``log_probs [B, A]``."""
         mean, log_std = self.distribution(obs)
         if deterministic:
             sample = mean
@@ -193,10 +194,12 @@ class MLPPolicy(Policy):
                 mean.shape, generator=generator, device=mean.device, dtype=mean.dtype
             )
             sample = mean + torch.exp(log_std) * noise
-        log_prob = self._gaussian_log_density(sample, mean, log_std).sum(-1)
+        log_probs = self._gaussian_log_density(sample, mean, log_std)
         actions = self.action_normalizer.unnormalize(sample).clamp(ACTION_LOW, ACTION_HIGH)
         return ActionOutput(
-            actions=actions[:, None], log_prob=log_prob, policy_outputs={"sample": sample}
+            actions=actions[:, None],
+            log_prob=log_probs.sum(-1),
+            policy_outputs={"sample": sample, "log_probs": log_probs},
         )
 
     def log_prob(

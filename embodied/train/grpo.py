@@ -1,0 +1,613 @@
+"""Trajectory-level GRPO: ``embodied train grpo CONFIG [key=value ...]``.
+
+One implementation for every ``Policy``: a decision's log-probability is a vector of elements
+(VLA action tokens, diffusion/flow denoising steps, MLP action dimensions) that
+``Policy.log_prob`` recomputes from the recorded ``policy_outputs``. Each iteration reads top to
+bottom:
+
+1. Roll out ``group_size`` episodes from each of ``groups`` initial states (same seed = same
+   state), sampling stochastically; every decision records its outputs and log-probs.
+2. Score: the trajectory return combines success and progress (learned reward model or
+   privileged labels), via ``RewardShaper``'s potential-based reward, whose sum telescopes::
+
+       R_i = w_success * success_i + w_progress * (p_T - p_0)_i
+
+3. Dynamic sampling: groups whose success rate is outside ``[keep_low, keep_high]`` (or whose
+   returns have no variance) carry no signal; they are dropped and refilled from new seeds.
+4. Group-normalised advantage, broadcast to every decision and element of the trajectory::
+
+       A_i = (R_i - mean_group(R)) / (std_group(R) + eps)
+
+5. ``epochs`` passes of minibatches of decisions; with ``rho = exp(logp - logp_old)`` per
+   element and the asymmetric clip of SimpleVLA-RL::
+
+       L_clip = -min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A)
+       k3     = exp(logp_ref - logp) - (logp_ref - logp) - 1       (KL to the frozen start)
+       L      = agg(L_clip) + kl_coef * agg(k3)
+
+   ``agg`` is ``token-mean`` (over all elements), ``seq-mean-token-mean`` (elements of a
+   decision, then decisions) or ``holder``: the decision's ratio is the Hölder mean
+   ``(mean_j rho_j^p)^(1/p)`` of its element ratios (p = 0: geometric mean), clipped as above.
+
+Before the first update of every iteration the recomputed log-probs must equal the ones recorded
+at sampling time (ratio 1 within ``ratio_tolerance``): otherwise the run stops with a message
+instead of training on a policy that drifted from what it sampled.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from embodied.run import RunDir, progress, seed_everything
+from embodied.train.common import (
+    OptimConfig,
+    latest_checkpoint,
+    load_checkpoint,
+    make_optimizer,
+    resolve_device,
+    save_checkpoint,
+)
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "holder")
+REWARDS = ("learned", "privileged", "success")
+
+
+@dataclass
+class GRPOConfig:
+    """A GRPO run; every field can be overridden as ``key=value``."""
+
+    policy: str = "???"  # a saved policy directory (e.g. a BC run's policy/)
+    task: str = "PickPlace"
+    name: str = "grpo"
+    out: str = "runs"
+    policy_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. min_std, temperature
+    reward: str = "learned"  # learned (reward_model) | privileged (progress labels) | success
+    reward_model: str = ""  # a saved progress reward model directory, for reward=learned
+    success_weight: float = 1.0
+    progress_weight: float = 1.0
+    iterations: int = 20
+    groups: int = 4  # initial states per iteration
+    group_size: int = 8
+    keep_low: float = 0.1  # dynamic sampling: keep groups whose success rate is in [low, high]
+    keep_high: float = 0.9
+    max_refills: int = 2  # extra rounds of new initial states when groups were dropped
+    epochs: int = 2
+    minibatch_size: int = 64  # decisions per minibatch
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    loss_agg: str = "token-mean"
+    holder_p: float = 1.0
+    adv_eps: float = 1e-6
+    ratio_tolerance: float = 1e-3
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=1e-5, weight_decay=0.0, warmup_steps=0)
+    )
+    num_envs: int = 0  # sub-envs stepped together, one batched policy call; 0 = groups * group_size
+    asynchronous: bool = False  # one process per sub-env (worth it for camera envs on many cores)
+    eval_workers: int = 1
+    seed: int = 0
+    train_seed: int = 10_000  # initial states for training; evaluation uses eval_seed..
+    eval_every: int = 5
+    eval_episodes: int = 20
+    eval_seed: int = 100_000
+    monitor_warn: float = 0.3  # warn when the learned/privileged reward correlation falls below
+    save_every: int = 5
+    device: str = "auto"
+    resume: str = ""
+
+
+def check_config(cfg: GRPOConfig) -> None:
+    """Refuse settings that cannot train, naming the key."""
+    if cfg.loss_agg not in AGGREGATIONS:
+        raise ValueError(f"loss_agg must be one of {AGGREGATIONS}, got {cfg.loss_agg!r}")
+    if cfg.reward not in REWARDS:
+        raise ValueError(f"reward must be one of {REWARDS}, got {cfg.reward!r}")
+    if cfg.reward == "learned" and not cfg.reward_model:
+        raise ValueError("reward=learned needs reward_model=<saved progress model directory>")
+    for name in ("iterations", "groups", "epochs", "minibatch_size", "eval_workers"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.group_size < 2:
+        raise ValueError(
+            f"group_size must be >= 2 (advantages compare a group), got {cfg.group_size}"
+        )
+    if not 0.0 <= cfg.keep_low <= cfg.keep_high <= 1.0:
+        raise ValueError(
+            f"need 0 <= keep_low <= keep_high <= 1, got {cfg.keep_low}, {cfg.keep_high}"
+        )
+    if cfg.clip_low < 0 or cfg.clip_high < 0:
+        raise ValueError(
+            f"clip_low and clip_high must be >= 0, got {cfg.clip_low}, {cfg.clip_high}"
+        )
+
+
+# --- the formulas (pure functions on tensors; the tests check them by hand) ------------------
+
+
+def group_advantages(returns: np.ndarray, group_size: int, eps: float = 1e-6) -> np.ndarray:
+    """``(R - mean_group) / (std_group + eps)`` on ``returns [G * group_size]`` laid out group by
+    group (RLinf's ``rewards.view(-1, group_size)``; population std)."""
+    r = np.asarray(returns, dtype=np.float64).reshape(-1, group_size)
+    return ((r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + eps)).reshape(-1)
+
+
+def kl_k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(pi || pi_ref) per element: ``e^d - d - 1``, d = ref - new."""
+    d = ref_log_prob - log_prob
+    return torch.exp(d) - d - 1
+
+
+def holder_mean(ratio: torch.Tensor, mask: torch.Tensor, p: float) -> torch.Tensor:
+    """Hölder (power) mean over the last axis of positive ``ratio [N, K]`` where ``mask``:
+    ``(mean rho^p)^(1/p)``; the geometric mean ``exp(mean log rho)`` for p = 0."""
+    count = mask.sum(-1).clamp(min=1)
+    if p == 0:
+        return torch.exp((torch.log(ratio) * mask).sum(-1) / count)
+    return ((ratio.pow(p) * mask).sum(-1) / count).pow(1.0 / p)
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> torch.Tensor:
+    """``-min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A)`` elementwise."""
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    return -torch.minimum(ratio * advantages, clipped * advantages)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over the True entries of ``mask``."""
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def grpo_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    agg: str = "token-mean",
+    holder_p: float = 1.0,
+    ref_log_prob: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The GRPO loss of a minibatch of decisions: log-probs ``[N, K]`` (K elements, ``mask``
+    marks the real ones), advantages ``[N]``; and its statistics (clip fraction, ratio, KL)."""
+    mask = mask.to(log_prob.dtype)
+    ratio = torch.exp(log_prob - old_log_prob)
+    adv = advantages.to(log_prob.dtype)
+    if agg == "holder":
+        seq_ratio = holder_mean(ratio, mask, holder_p)
+        per = clipped_surrogate(seq_ratio, adv, clip_low, clip_high)
+        policy_loss = per.mean()
+        clipped = ((seq_ratio < 1 - clip_low) | (seq_ratio > 1 + clip_high)).float().mean()
+    else:
+        per = clipped_surrogate(ratio, adv[:, None], clip_low, clip_high)
+        if agg == "token-mean":
+            policy_loss = masked_mean(per, mask)
+        elif agg == "seq-mean-token-mean":
+            policy_loss = ((per * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+        else:
+            raise ValueError(f"loss_agg must be one of {AGGREGATIONS}, got {agg!r}")
+        outside = (ratio < 1 - clip_low) | (ratio > 1 + clip_high)
+        clipped = masked_mean(outside.float(), mask)
+    loss = policy_loss
+    kl = torch.zeros((), dtype=log_prob.dtype)
+    if ref_log_prob is not None:
+        kl = masked_mean(kl_k3(log_prob, ref_log_prob), mask)
+        loss = loss + kl_coef * kl
+    stats = {
+        "policy_loss": float(policy_loss.detach()),
+        "clip_fraction": float(clipped.detach()),
+        "ratio_mean": float(masked_mean(ratio.detach(), mask)),
+        "kl": float(kl.detach()),
+    }
+    return loss, stats
+
+
+# --- rollouts and scoring ----------------------------------------------------------------------
+
+
+def load_policy(cfg: GRPOConfig, device: torch.device) -> Any:
+    """The starting policy with ``policy_overrides`` applied to its config (weights unchanged)."""
+    from embodied.policies import Policy
+
+    policy = Policy.from_pretrained(cfg.policy)
+    if cfg.policy_overrides:
+        unknown = set(cfg.policy_overrides) - {f.name for f in dataclasses.fields(policy.config)}
+        if unknown:
+            raise ValueError(
+                f"policy_overrides names {sorted(unknown)}, which the {policy.policy_type} "
+                "config does not have"
+            )
+        config = dataclasses.replace(policy.config, **cfg.policy_overrides)
+        rebuilt = type(policy)(config)
+        rebuilt.load_state_dict(policy.state_dict())
+        policy = rebuilt
+    return policy.to(device)
+
+
+def env_kwargs(policy: Any, reward_model: Any) -> dict[str, Any]:
+    """Env options giving the policy its inputs and, for a learned reward, the front camera at
+    the reward model's size."""
+    from embodied.evaluate import env_kwargs_for_policy
+
+    kwargs = env_kwargs_for_policy(policy)
+    if reward_model is not None:
+        size = reward_model.config.image_size
+        if kwargs["obs_mode"] == "state":
+            kwargs.update(obs_mode="pixels_state", image_size=(size, size))
+        elif tuple(kwargs["image_size"]) != (size, size) or "cameras" in kwargs:
+            raise ValueError(
+                f"the policy reads {kwargs.get('cameras', 'the default camera')} at "
+                f"{kwargs['image_size']} but the reward model scores the front camera at "
+                f"{(size, size)}; train them on the same frames"
+            )
+    return kwargs
+
+
+def rollout_groups(
+    policy: Any, vec: Any, seeds: list[int], group_size: int, sample_seed: int
+) -> list[Any]:
+    """``group_size`` stochastic rollouts from each seed, in group order, decisions recorded."""
+    from embodied.rollout import PolicyActor, rollout_vector
+    from embodied.sims.vector import grouped_seeds
+
+    n_obs = int(getattr(policy.config, "n_obs_steps", 1))
+    actor = PolicyActor(
+        policy, vec.num_envs, n_obs, deterministic=False, seed=sample_seed, record=True
+    )
+    episodes = grouped_seeds(seeds, group_size)
+    trajs = list(rollout_vector(vec, actor, episodes, suite=""))
+    order = {id(t): i for i, t in enumerate(trajs)}
+    # rollout_vector yields in finishing order; restore the episode order (seed, then arrival).
+    return sorted(trajs, key=lambda t: (seeds.index(t.seed), order[id(t)]))
+
+
+def privileged_progress(traj: Any) -> np.ndarray:
+    """Labelled progress of the T+1 observations (the reset's value, then each step's)."""
+    first = traj.metadata.get("reset_info", {}).get("progress", 0.0)
+    return np.concatenate([[float(first)], np.asarray(traj.info["progress"], dtype=np.float64)])
+
+
+def learned_progress(model: Any, trajs: list[Any], batch: int = 8) -> list[np.ndarray]:
+    """The reward model's progress of every observation, ``[T+1]`` per trajectory (batched; the
+    causal model lets shorter clips be padded by repeating their last frame)."""
+    out: list[np.ndarray] = []
+    for start in range(0, len(trajs), batch):
+        chunk = trajs[start : start + batch]
+        frames = [np.asarray(t.observations["pixels"]) for t in chunk]
+        longest = max(len(f) for f in frames)
+        padded = np.stack(
+            [np.concatenate([f, np.repeat(f[-1:], longest - len(f), 0)]) for f in frames]
+        )
+        with torch.no_grad():
+            p = (
+                model.progress(torch.from_numpy(padded), [t.instruction for t in chunk])
+                .cpu()
+                .numpy()
+            )
+        out += [p[i, : len(f)].astype(np.float64) for i, f in enumerate(frames)]
+    for i, p in enumerate(out):
+        if not np.isfinite(p).all():
+            raise FloatingPointError(f"the reward model returned NaN progress for trajectory {i}")
+    return out
+
+
+def trajectory_returns(
+    cfg: GRPOConfig, trajs: list[Any], curves: list[np.ndarray] | None
+) -> np.ndarray:
+    """``R_i`` from success and the potential-based progress reward (``RewardShaper``)."""
+    from embodied.rewards.shaping import RewardShaper
+
+    weight = cfg.progress_weight if curves is not None else 0.0
+    shaper = RewardShaper(progress=weight, success=cfg.success_weight)
+    returns = []
+    for i, traj in enumerate(trajs):
+        progress_i = curves[i][None] if curves is not None else None
+        mask = np.ones((1, traj.length), dtype=bool)
+        returns.append(float(shaper(progress_i, mask, np.array([traj.success])).returns[0]))
+    return np.asarray(returns)
+
+
+def keep_group(successes: np.ndarray, returns: np.ndarray, low: float, high: float) -> bool:
+    """Dynamic sampling: a group teaches something when its success rate is within
+    [low, high] and its returns differ."""
+    rate = float(np.mean(successes))
+    return low <= rate <= high and float(np.std(returns)) > 0
+
+
+@dataclass
+class Decisions:
+    """Every recorded decision of the kept trajectories, flattened for minibatches."""
+
+    obs: dict[str, torch.Tensor]  # feature -> [N, n_obs_steps, ...]
+    instructions: list[str]
+    outputs: dict[str, torch.Tensor]  # policy_outputs -> [N, ...]
+    old_log_prob: torch.Tensor  # [N, K] recorded at sampling time
+    mask: torch.Tensor  # [N, K]
+    sampled_log_prob: torch.Tensor  # [N]
+    advantages: torch.Tensor  # [N]
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+    def take(self, index: np.ndarray) -> Decisions:
+        """The decisions at ``index``."""
+        i = torch.as_tensor(index, dtype=torch.long)
+        return Decisions(
+            {k: v[i] for k, v in self.obs.items()},
+            [self.instructions[j] for j in index],
+            {k: v[i] for k, v in self.outputs.items()},
+            self.old_log_prob[i],
+            self.mask[i],
+            self.sampled_log_prob[i],
+            self.advantages[i],
+        )
+
+
+def collect_decisions(trajs: list[Any], advantages: np.ndarray, n_obs_steps: int) -> Decisions:
+    """Flatten the trajectories' decisions, each with its trajectory's advantage."""
+    from embodied.rollout import decision_windows
+
+    obs: dict[str, list[np.ndarray]] = {}
+    outputs: dict[str, list[np.ndarray]] = {}
+    instructions: list[str] = []
+    adv: list[float] = []
+    for traj, a in zip(trajs, advantages, strict=True):
+        for key, value in decision_windows(traj, n_obs_steps).items():
+            obs.setdefault(key, []).append(value)
+        for key, value in traj.policy_outputs.items():
+            outputs.setdefault(key, []).append(np.asarray(value))
+        instructions += [traj.instruction] * traj.num_decisions
+        adv += [float(a)] * traj.num_decisions
+    flat = {k: torch.from_numpy(np.concatenate(v)) for k, v in outputs.items()}
+    old = flat.pop("log_probs").float()
+    sampled = flat.pop("sampled_log_prob").float()
+    return Decisions(
+        obs={k: torch.from_numpy(np.concatenate(v)) for k, v in obs.items()},
+        instructions=instructions,
+        outputs=flat,
+        old_log_prob=old,
+        mask=torch.ones_like(old, dtype=torch.bool),
+        sampled_log_prob=sampled,
+        advantages=torch.tensor(adv, dtype=torch.float32),
+    )
+
+
+def element_log_probs(policy: Any, batch: Decisions, device: torch.device) -> torch.Tensor:
+    """``Policy.log_prob`` of a minibatch's recorded decisions ``[N, K]``, with gradients."""
+    obs = {k: v.to(device) for k, v in batch.obs.items()}
+    outputs = {k: v.to(device) for k, v in batch.outputs.items()}
+    return policy.log_prob(obs, batch.instructions, outputs).reshape(len(batch), -1)
+
+
+def check_ratio(log_prob: torch.Tensor, batch: Decisions, tolerance: float) -> float:
+    """Max |ratio - 1| between the recomputed and the recorded log-probs before any update;
+    stop with a clear message when it exceeds ``tolerance`` (the policy drifted)."""
+    ratio = torch.exp(log_prob.detach().cpu() - batch.old_log_prob)
+    worst = float((ratio - 1).abs().max())
+    if not np.isfinite(worst) or worst > tolerance:
+        raise RuntimeError(
+            f"log-prob recomputation drifted from sampling: max |ratio - 1| = {worst:.3g} > "
+            f"{tolerance} before any update (is the policy deterministic in eval mode, dropout "
+            "off, the same weights used to act and to recompute?)"
+        )
+    return worst
+
+
+# --- the training loop -------------------------------------------------------------------------
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson correlation; NaN when either side is constant."""
+    if np.std(x) == 0 or np.std(y) == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def train_grpo(cfg: GRPOConfig) -> RunDir:
+    """Run GRPO; return the run directory (final policy in ``policy/``)."""
+    import embodied.sims as sims
+    from embodied.evaluate import evaluate_policy
+
+    check_config(cfg)
+    seed_everything(cfg.seed)
+    device = resolve_device(cfg.device)
+    policy = load_policy(cfg, device)
+    policy.eval()  # no dropout: sampling and recomputation must see the same network
+    reference = copy.deepcopy(policy).requires_grad_(False) if cfg.kl_coef > 0 else None
+    reward_model = None
+    if cfg.reward == "learned":
+        from embodied.rewards import ProgressRewardModel
+
+        reward_model = ProgressRewardModel.from_pretrained(cfg.reward_model).to(device).eval()
+    kwargs = env_kwargs(policy, reward_model)
+    n_obs = int(getattr(policy.config, "n_obs_steps", 1))
+    # The schedule advances once per iteration (warm-up and cosine over iterations).
+    optimizer, scheduler = make_optimizer(policy.parameters(), cfg.optim, cfg.iterations)
+    run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=cfg)
+    start = 0
+    checkpoint = latest_checkpoint(run.checkpoints) if cfg.resume else None
+    if checkpoint is not None:
+        start, _ = load_checkpoint(checkpoint, policy, optimizer, scheduler)
+
+    num_envs = cfg.num_envs or cfg.groups * cfg.group_size
+    vec = sims.make_vec_env(
+        cfg.task, num_envs, asynchronous=cfg.asynchronous, autoreset_mode="disabled", **kwargs
+    )
+
+    def evaluate() -> dict[str, float]:
+        result = evaluate_policy(
+            policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, kwargs, n_obs, cfg.eval_workers
+        )
+        return result.metrics()
+
+    first_corr: float | None = None
+    try:
+        with run.metrics() as metrics:
+
+            def finish(done: int, log: dict[str, float]) -> None:
+                """Evaluate and checkpoint when due; log the iteration."""
+                if cfg.eval_episodes > 0 and (done % cfg.eval_every == 0 or done == cfg.iterations):
+                    log.update(evaluate())
+                metrics.log(log, done)
+                if done % cfg.save_every == 0 or done == cfg.iterations:
+                    save_checkpoint(run.checkpoints, done, policy, optimizer, scheduler)
+
+            if start == 0 and cfg.eval_episodes > 0:
+                metrics.log(evaluate(), 0)
+            for iteration in progress(range(start, cfg.iterations), desc="grpo"):
+                log: dict[str, float] = {}
+                t0 = time.perf_counter()
+                # 1-3. roll out groups from fresh initial states, keep the informative ones
+                kept: list[Any] = []
+                kept_curves: list[np.ndarray] = []
+                kept_returns: list[np.ndarray] = []
+                all_trajs: list[Any] = []
+                score_time = 0.0
+                dropped = 0
+                for round_ in range(cfg.max_refills + 1):
+                    need = cfg.groups - len(kept) // cfg.group_size
+                    if need <= 0:
+                        break
+                    base = (
+                        cfg.train_seed + (iteration * (cfg.max_refills + 1) + round_) * cfg.groups
+                    )
+                    seeds = list(range(base, base + need))
+                    sample_seed = cfg.seed * 1_000_003 + iteration * 101 + round_
+                    trajs = rollout_groups(policy, vec, seeds, cfg.group_size, sample_seed)
+                    all_trajs += trajs
+                    t1 = time.perf_counter()
+                    if cfg.reward == "learned":
+                        curves = learned_progress(reward_model, trajs)
+                    elif cfg.reward == "privileged":
+                        curves = [privileged_progress(t) for t in trajs]
+                    else:
+                        curves = None
+                    returns = trajectory_returns(cfg, trajs, curves)
+                    score_time += time.perf_counter() - t1
+                    for g in range(need):
+                        part = slice(g * cfg.group_size, (g + 1) * cfg.group_size)
+                        success = np.array([t.success for t in trajs[part]], dtype=float)
+                        if keep_group(success, returns[part], cfg.keep_low, cfg.keep_high):
+                            kept += trajs[part]
+                            kept_returns.append(returns[part])
+                            if curves is not None:
+                                kept_curves += curves[part]
+                        else:
+                            dropped += 1
+                rollout_time = time.perf_counter() - t0 - score_time
+                successes = np.array([t.success for t in all_trajs], dtype=float)
+                log.update(
+                    {
+                        "rollout/success_rate": float(successes.mean()),
+                        "rollout/episodes": float(len(all_trajs)),
+                        "rollout/mean_length": float(np.mean([t.length for t in all_trajs])),
+                        "rollout/groups_kept": float(len(kept) // cfg.group_size),
+                        "rollout/groups_dropped": float(dropped),
+                        "time/rollout": rollout_time,
+                        "time/score": score_time,
+                    }
+                )
+                errors = sum("error" in t.metadata for t in all_trajs)
+                if errors:
+                    log["rollout/env_errors"] = float(errors)
+                # reward-hacking monitor: learned reward vs privileged progress on these rollouts
+                if reward_model is not None:
+                    learned = learned_progress(reward_model, all_trajs)
+                    final_l = np.array([c[-1] for c in learned])
+                    final_p = np.array([privileged_progress(t)[-1] for t in all_trajs])
+                    corr = pearson(final_l, final_p)
+                    log["monitor/reward_corr"] = corr
+                    log["monitor/learned_final_progress"] = float(final_l.mean())
+                    log["monitor/privileged_final_progress"] = float(final_p.mean())
+                    if np.isfinite(corr):
+                        first_corr = corr if first_corr is None else first_corr
+                        if corr < cfg.monitor_warn or corr < first_corr - 0.3:
+                            warnings.warn(
+                                f"iteration {iteration}: the learned reward's correlation with "
+                                f"privileged progress fell to {corr:.2f} (first {first_corr:.2f}); "
+                                "the policy may be exploiting the reward model",
+                                stacklevel=2,
+                            )
+
+                if not kept:  # nothing to learn from: no update, the schedule still advances
+                    log["update/skipped"] = 1.0
+                    scheduler.step()
+                    finish(iteration + 1, log)
+                    continue
+                # 4. group-normalised advantages, broadcast to every decision and element
+                returns = np.concatenate(kept_returns)
+                advantages = group_advantages(returns, cfg.group_size, cfg.adv_eps)
+                data = collect_decisions(kept, advantages, n_obs)
+                log["score/return_mean"] = float(returns.mean())
+                log["score/return_std"] = float(returns.std())
+                log["score/advantage_abs_mean"] = float(np.abs(advantages).mean())
+                log["update/decisions"] = float(len(data))
+                log["update/entropy_proxy"] = float(-data.old_log_prob.sum(-1).mean())
+
+                # 5. epochs of minibatches
+                t2 = time.perf_counter()
+                rng = np.random.default_rng([cfg.seed, iteration])
+                stats: list[dict[str, float]] = []
+                first = True
+                for _ in range(cfg.epochs):
+                    order = rng.permutation(len(data))
+                    for s in range(0, len(order), cfg.minibatch_size):
+                        batch = data.take(order[s : s + cfg.minibatch_size])
+                        log_prob = element_log_probs(policy, batch, device)
+                        if first:
+                            log["update/first_ratio_error"] = check_ratio(
+                                log_prob, batch, cfg.ratio_tolerance
+                            )
+                            first = False
+                        ref = None
+                        if reference is not None:
+                            with torch.no_grad():
+                                ref = element_log_probs(reference, batch, device)
+                        loss, st = grpo_loss(
+                            log_prob,
+                            batch.old_log_prob.to(device),
+                            batch.advantages.to(device),
+                            batch.mask.to(device),
+                            cfg.clip_low,
+                            cfg.clip_high,
+                            cfg.loss_agg,
+                            cfg.holder_p,
+                            ref,
+                            cfg.kl_coef,
+                        )
+                        if not torch.isfinite(loss):
+                            raise FloatingPointError(
+                                f"non-finite GRPO loss at iteration {iteration}; the last good "
+                                f"checkpoint is {latest_checkpoint(run.checkpoints)}"
+                            )
+                        optimizer.zero_grad(set_to_none=True)
+                        loss.backward()
+                        st["grad_norm"] = float(
+                            torch.nn.utils.clip_grad_norm_(
+                                policy.parameters(), cfg.optim.max_grad_norm
+                            )
+                        )
+                        optimizer.step()
+                        stats.append(st)
+                scheduler.step()
+                for key in stats[0]:
+                    log[f"update/{key}"] = float(np.mean([st[key] for st in stats]))
+                log["time/update"] = time.perf_counter() - t2
+                log["update/lr"] = scheduler.get_last_lr()[0]
+                finish(iteration + 1, log)
+    finally:
+        vec.close()
+    policy.save_pretrained(run.path / "policy")
+    return run

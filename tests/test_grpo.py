@@ -1,0 +1,272 @@
+"""GRPO: the formulas against hand computation, ratio 1 at the first update for every policy on
+real rollouts, and the training loop (updates, monitor, refusals, exact resume)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import embodied.sims as sims
+from embodied.policies import make_policy
+from embodied.policies.vision import build_vocab
+from embodied.rewards import ProgressConfig, ProgressRewardModel
+from embodied.train.grpo import (
+    GRPOConfig,
+    check_ratio,
+    collect_decisions,
+    element_log_probs,
+    group_advantages,
+    grpo_loss,
+    holder_mean,
+    kl_k3,
+    rollout_groups,
+    train_grpo,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+TASK_WORDS = build_vocab(
+    ["reach the red block", "touch the blue block", "move to the yellow block"]
+)
+STATE_STATS = {"mean": np.zeros(4), "std": np.full(4, 0.1)}
+ENV_STATS = {"mean": np.zeros(39), "std": np.ones(39)}
+ACTION_STATS = {"min": -np.ones(4), "max": np.ones(4), "q01": -np.ones(4), "q99": np.ones(4)}
+STATS = {
+    "observation.state": STATE_STATS,
+    "observation.environment_state": ENV_STATS,
+    "action": ACTION_STATS,
+}
+
+
+# --- formulas, by hand ------------------------------------------------------------------------
+def test_group_advantages_by_hand() -> None:
+    returns = np.array([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 6.0])
+    adv = group_advantages(returns, group_size=4, eps=0.0)
+    # group 1: mean 0.5, population std 0.5; group 2: mean 3, std sqrt(3)
+    np.testing.assert_allclose(adv[:4], [1, -1, -1, 1])
+    s = math.sqrt((1 + 1 + 1 + 9) / 4)
+    np.testing.assert_allclose(adv[4:], [-1 / s, -1 / s, -1 / s, 3 / s])
+    np.testing.assert_allclose(group_advantages(np.ones(4), 4), 0.0)  # no variance: no signal
+
+
+def _by_hand(logp, old, adv, mask, lo, hi, agg, p=1.0):
+    """The clipped objective element by element with Python floats."""
+    per_seq, elements = [], []
+    for n in range(len(logp)):
+        terms, ratios = [], []
+        for k in range(len(logp[n])):
+            if not mask[n][k]:
+                continue
+            r = math.exp(logp[n][k] - old[n][k])
+            ratios.append(r)
+            terms.append(-min(r * adv[n], min(max(r, 1 - lo), 1 + hi) * adv[n]))
+        elements += terms
+        if agg == "holder":
+            m = (
+                math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+                if p == 0
+                else (sum(r**p for r in ratios) / len(ratios)) ** (1 / p)
+            )
+            per_seq.append(-min(m * adv[n], min(max(m, 1 - lo), 1 + hi) * adv[n]))
+        else:
+            per_seq.append(sum(terms) / len(terms))
+    if agg == "token-mean":
+        return sum(elements) / len(elements)
+    return sum(per_seq) / len(per_seq)
+
+
+@pytest.mark.parametrize(
+    ("agg", "p"),
+    [("token-mean", 1.0), ("seq-mean-token-mean", 1.0), ("holder", 1.0), ("holder", 0.0),
+     ("holder", -2.0)],
+)  # fmt: skip
+def test_grpo_loss_matches_hand_computation(agg: str, p: float) -> None:
+    logp = [[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.1], [-2.0, -0.7, -0.9]]
+    old = [[-1.1, -0.2, -2.0], [-0.3, -1.0, -0.6], [-1.5, -0.7, -1.0]]
+    adv = [1.5, -0.8, 0.4]
+    mask = [[1, 1, 1], [1, 1, 0], [1, 0, 1]]
+    loss, stats = grpo_loss(
+        torch.tensor(logp), torch.tensor(old), torch.tensor(adv), torch.tensor(mask),
+        0.2, 0.28, agg, p,
+    )  # fmt: skip
+    assert loss.item() == pytest.approx(_by_hand(logp, old, adv, mask, 0.2, 0.28, agg, p), 1e-6)
+    if agg != "holder":  # elements whose ratio left [0.8, 1.28]
+        ratios = [math.exp(a - b) for la, lo, m in zip(logp, old, mask, strict=True)
+                  for a, b, k in zip(la, lo, m, strict=True) if k]  # fmt: skip
+        outside = sum(not 0.8 <= r <= 1.28 for r in ratios) / len(ratios)
+        assert stats["clip_fraction"] == pytest.approx(outside) and outside > 0
+
+
+def test_asymmetric_clip_and_kl_by_hand() -> None:
+    # One element, ratio e^0.5 = 1.65 with A > 0: clipped at 1 + clip_high = 1.28.
+    one = torch.ones(1, 1, dtype=torch.bool)
+    loss, stats = grpo_loss(torch.tensor([[0.5]]), torch.zeros(1, 1), torch.tensor([2.0]), one)
+    assert loss.item() == pytest.approx(-1.28 * 2.0) and stats["clip_fraction"] == 1.0
+    # ratio e^-0.5 = 0.61 with A < 0: clipped at 1 - clip_low = 0.8 (the min picks -0.8 * -1).
+    loss, _ = grpo_loss(torch.tensor([[-0.5]]), torch.zeros(1, 1), torch.tensor([-1.0]), one)
+    assert loss.item() == pytest.approx(0.8)
+    # k3 = e^d - d - 1 with d = ref - new
+    d = 0.3
+    assert kl_k3(torch.tensor(-1.0), torch.tensor(-1.0 + d)).item() == pytest.approx(
+        math.exp(d) - d - 1
+    )
+    assert kl_k3(torch.tensor(0.4), torch.tensor(0.4)).item() == 0.0
+    logp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.2, -1.5]])
+    loss, stats = grpo_loss(
+        logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_log_prob=ref, kl_coef=0.5
+    )
+    want = np.mean([math.exp(-0.2) + 0.2 - 1, math.exp(0.5) - 0.5 - 1])
+    assert stats["kl"] == pytest.approx(want) and loss.item() == pytest.approx(0.5 * want)
+    assert holder_mean(torch.tensor([[1.0, 4.0]]), torch.ones(1, 2), 0).item() == pytest.approx(2)
+
+
+# --- the importance ratio is 1 before the first update, for every policy ---------------------
+def _policies():
+    mlp = make_policy("mlp", state_dim=4, action_dim=4, hidden=[32])
+    diffusion = make_policy(
+        "diffusion", state_dim=4, action_dim=4, image_keys=["observation.image"], image_size=32,
+        n_obs_steps=2, horizon=8, n_action_steps=4, vocab=TASK_WORDS, embed_dim=16,
+        down_dims=[16, 32], vision_channels=[8, 16], num_keypoints=8, num_train_timesteps=20,
+        num_inference_steps=5, finetune_steps=3,
+    )  # fmt: skip
+    flow = make_policy(
+        "flow", state_dim=4, action_dim=4, image_keys=["observation.image"], image_size=32,
+        n_obs_steps=2, horizon=8, n_action_steps=4, vocab=TASK_WORDS, embed_dim=16,
+        down_dims=[16, 32], vision_channels=[8, 16], num_keypoints=8, noise_hidden_dims=[32],
+        num_inference_steps=2,
+    )  # fmt: skip
+    vla = make_policy(
+        "vla", action_dim=4, state_dim=4, image_size=32, patch_size=16, horizon=2,
+        n_action_steps=2, n_bins=16, vocab=TASK_WORDS[1:], max_instruction_tokens=6,
+        vision_hidden_size=32, vision_layers=1, vision_heads=2, vision_intermediate_size=64,
+        hidden_size=32, text_layers=1, text_heads=2, text_intermediate_size=64,
+    )  # fmt: skip
+    return {"mlp": mlp, "diffusion": diffusion, "flow": flow, "vla": vla}  # built fresh each time
+
+
+@pytest.mark.parametrize("kind", ["mlp", "diffusion", "flow", "vla"])
+def test_ratio_is_one_before_the_first_update(kind: str) -> None:
+    torch.manual_seed(0)
+    policy = _policies()[kind].fit_normalizers(STATS).eval()
+    vec = sims.make_vec_env(
+        "Reach", 4, autoreset_mode="disabled", image_size=32, max_episode_steps=12
+    )
+    try:
+        trajs = rollout_groups(policy, vec, [3, 4], group_size=2, sample_seed=0)
+    finally:
+        vec.close()
+    assert [t.seed for t in trajs] == [3, 3, 4, 4]
+    np.testing.assert_array_equal(
+        trajs[0].observations["agent_pos"][0], trajs[1].observations["agent_pos"][0]
+    )
+    assert not np.array_equal(trajs[0].actions, trajs[1].actions)  # stochastic within a group
+    n_obs = int(getattr(policy.config, "n_obs_steps", 1))
+    data = collect_decisions(trajs, np.array([1.0, -1.0, 0.5, -0.5]), n_obs)
+    assert len(data) == sum(t.num_decisions for t in trajs) > 0
+    log_prob = element_log_probs(policy, data, torch.device("cpu"))
+    assert log_prob.shape == data.old_log_prob.shape
+    assert check_ratio(log_prob, data, tolerance=1e-4) <= 1e-4
+    torch.testing.assert_close(
+        log_prob.sum(-1).detach(), data.sampled_log_prob, atol=1e-3, rtol=1e-5
+    )
+    # ...and the loss has gradients for the parameters
+    loss, _ = grpo_loss(log_prob, data.old_log_prob, data.advantages, data.mask)
+    loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.parameters())
+
+
+def test_drifted_recomputation_stops_with_a_message() -> None:
+    policy = _policies()["mlp"].fit_normalizers(STATS).eval()
+    vec = sims.make_vec_env(
+        "Reach", 2, autoreset_mode="disabled", obs_mode="state", max_episode_steps=5
+    )
+    try:
+        trajs = rollout_groups(policy, vec, [0], group_size=2, sample_seed=0)
+    finally:
+        vec.close()
+    data = collect_decisions(trajs, np.zeros(2), 1)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.5)
+    with pytest.raises(RuntimeError, match="drifted from sampling"):
+        check_ratio(element_log_probs(policy, data, torch.device("cpu")), data, 1e-3)
+
+
+# --- the loop ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("grpo")
+    torch.manual_seed(0)
+    policy = make_policy("mlp", state_dim=4, action_dim=4, env_state_dim=39, hidden=[32])
+    policy.fit_normalizers(STATS).save_pretrained(root / "policy")
+    model = ProgressRewardModel(
+        ProgressConfig(image_size=16, vocab=TASK_WORDS, vision_channels=[4, 8], num_keypoints=4,
+                       d_model=16, n_heads=2, n_layers=1, ff_dim=32, num_bins=8)
+    )  # fmt: skip
+    model.save_pretrained(root / "reward")
+    return {"policy": root / "policy", "reward": root / "reward", "root": root}
+
+
+def _cfg(saved: dict[str, Path], out: Path, **overrides) -> GRPOConfig:
+    values = dict(
+        policy=str(saved["policy"]), task="Reach", reward="learned",
+        reward_model=str(saved["reward"]), iterations=2, groups=2, group_size=3, keep_low=0.0,
+        keep_high=1.0, epochs=2, minibatch_size=64, eval_episodes=2, eval_every=1, save_every=1,
+        out=str(out), device="cpu",
+    )  # fmt: skip
+    values.update(overrides)
+    cfg = GRPOConfig(**values)
+    cfg.optim.lr = 1e-3
+    return cfg
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_grpo_updates_logs_and_resumes_exactly(saved, tmp_path: Path) -> None:
+    run = train_grpo(_cfg(saved, tmp_path / "full"))
+    rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    iteration = [r for r in rows if "update/policy_loss" in r]
+    assert [r["step"] for r in iteration] == [1, 2]
+    first = iteration[0]
+    assert first["update/first_ratio_error"] < 1e-4
+    for key in ("rollout/success_rate", "score/return_std", "update/clip_fraction",
+                "update/grad_norm", "monitor/reward_corr", "time/rollout", "time/update",
+                "eval/Reach/success_rate"):  # fmt: skip
+        assert key in first, key
+    assert first["score/return_std"] > 0  # the learned reward told the rollouts apart
+    start = _weights(saved["policy"])
+    final = _weights(run.path / "policy")
+    assert any(not torch.equal(start[k], final[k]) for k in start)  # it trained
+
+    # Interrupted after iteration 1 (its checkpoint is the latest), resumed: the same final
+    # weights as the uninterrupted run.
+    part = tmp_path / "part"
+    shutil.copytree(run.path, part)
+    shutil.rmtree(part / "checkpoints" / "step-0000002")
+    shutil.rmtree(part / "policy")
+    resumed = train_grpo(_cfg(saved, tmp_path / "unused", resume=str(part)))
+    assert resumed.path == part
+    again = _weights(resumed.path / "policy")
+    for key in final:
+        torch.testing.assert_close(again[key], final[key], rtol=0, atol=0)
+
+
+def test_grpo_refuses_bad_settings(saved, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="loss_agg must be one of"):
+        train_grpo(_cfg(saved, tmp_path, loss_agg="sum"))
+    with pytest.raises(ValueError, match="reward=learned needs reward_model"):
+        train_grpo(_cfg(saved, tmp_path, reward_model=""))
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        train_grpo(_cfg(saved, tmp_path, group_size=1))
+    with pytest.raises(ValueError, match=r"policy_overrides names \['temperature'\]"):
+        train_grpo(_cfg(saved, tmp_path, policy_overrides={"temperature": 1.6}))
