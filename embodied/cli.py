@@ -135,6 +135,12 @@ def _cmd_train_grpo(args: argparse.Namespace) -> int:
     return _run_training(args, GRPOConfig, train_grpo, "policy")
 
 
+def _cmd_train_tpo(args: argparse.Namespace) -> int:
+    from embodied.train.preference import TPOConfig, train_tpo
+
+    return _run_training(args, TPOConfig, train_tpo, "policy")
+
+
 def _cmd_tasks(args: argparse.Namespace) -> int:
     import embodied.sims as sims
 
@@ -276,6 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     grpo.add_argument("overrides", nargs="*", help="dotted overrides, e.g. group_size=8")
     grpo.add_argument("--resume", default=None, help="run directory to continue exactly")
     grpo.set_defaults(func=_cmd_train_grpo)
+    tpo = train_sub.add_parser("tpo", help="trajectory preference optimisation (GRAPE's TPO)")
+    tpo.add_argument("config", nargs="?", default=None, help="YAML config (TPOConfig)")
+    tpo.add_argument("overrides", nargs="*", help="dotted overrides, e.g. objective=safety")
+    tpo.add_argument("--resume", default=None, help="run directory to continue exactly")
+    tpo.set_defaults(func=_cmd_train_tpo)
 
     tasks = sub.add_parser("tasks", help="list the tasks of a suite")
     tasks.add_argument("--suite", default="tabletop", choices=["tabletop", "metaworld"])

@@ -175,14 +175,18 @@ def rollout_task(
     workers: int = 1,
     videos: int = 0,
     check: Callable[[tuple[int, ...]], None] | None = None,
+    asynchronous: bool | None = None,
 ) -> list[Any]:
     """Trajectories of ``episodes`` rollouts on seeds ``seed..``, in seed order; ``make_actor(vec)``
-    builds the batched actor, ``check(action_shape)`` may refuse the env before any step."""
+    builds the batched actor, ``check(action_shape)`` may refuse the env before any step.
+    ``workers`` sub-envs run in their own processes unless ``asynchronous=False`` (one process,
+    still one batched policy call for all of them)."""
     import embodied.sims as sims
     from embodied.rollout import rollout_vector
 
+    asynchronous = workers > 1 if asynchronous is None else asynchronous
     vec = sims.make_vec_env(
-        task, workers, asynchronous=workers > 1, autoreset_mode="disabled", **env_kwargs
+        task, workers, asynchronous=asynchronous, autoreset_mode="disabled", **env_kwargs
     )
     try:
         if check is not None:
@@ -204,6 +208,7 @@ def evaluate_policy(
     env_kwargs: dict[str, Any],
     n_obs_steps: int = 1,
     workers: int = 1,
+    asynchronous: bool | None = None,
 ) -> EvalResult:
     """Roll ``policy`` out (deterministically) on seeds ``seed..seed+episodes-1``."""
     from embodied.rollout import PolicyActor
@@ -219,6 +224,7 @@ def evaluate_policy(
             env_kwargs,
             workers,
             check=lambda shape: check_action_space(policy, task, shape),
+            asynchronous=asynchronous,
         )
     finally:
         policy.train(was_training)

@@ -18,16 +18,13 @@ from embodied.policies.vision import build_vocab
 from embodied.rewards import ProgressConfig, ProgressRewardModel
 from embodied.train.grpo import (
     GRPOConfig,
-    check_ratio,
-    collect_decisions,
-    element_log_probs,
     group_advantages,
     grpo_loss,
     holder_mean,
     kl_k3,
-    rollout_groups,
     train_grpo,
 )
+from embodied.train.online import check_ratio, collect_decisions, element_log_probs, rollout_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -270,3 +267,14 @@ def test_grpo_refuses_bad_settings(saved, tmp_path: Path) -> None:
         train_grpo(_cfg(saved, tmp_path, group_size=1))
     with pytest.raises(ValueError, match=r"policy_overrides names \['temperature'\]"):
         train_grpo(_cfg(saved, tmp_path, policy_overrides={"temperature": 1.6}))
+
+
+def test_shipped_config_loads_with_the_command_line_overrides() -> None:
+    from embodied.cli import build_parser
+    from embodied.config import load_config
+
+    config = Path(__file__).parents[1] / "configs" / "grpo_pickplace.yaml"
+    args = build_parser().parse_args(["train", "grpo", str(config), "policy=p", "reward=success"])
+    cfg = load_config(GRPOConfig, args.config, args.overrides)
+    assert (cfg.policy, cfg.reward, cfg.task, cfg.group_size) == ("p", "success", "PickPlace", 8)
+    assert cfg.policy_overrides == {"min_std": 0.1}

@@ -37,7 +37,6 @@ instead of training on a policy that drifted from what it sampled.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -54,6 +53,14 @@ from embodied.train.common import (
     make_optimizer,
     resolve_device,
     save_checkpoint,
+)
+from embodied.train.online import (
+    check_ratio,
+    collect_decisions,
+    element_log_probs,
+    env_kwargs,
+    load_policy,
+    rollout_groups,
 )
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "holder")
@@ -93,7 +100,7 @@ class GRPOConfig:
     )
     num_envs: int = 0  # sub-envs stepped together, one batched policy call; 0 = groups * group_size
     asynchronous: bool = False  # one process per sub-env (worth it for camera envs on many cores)
-    eval_workers: int = 1
+    eval_envs: int = 10  # evaluation sub-envs in one process, one batched policy call
     seed: int = 0
     train_seed: int = 10_000  # initial states for training; evaluation uses eval_seed..
     eval_every: int = 5
@@ -113,7 +120,7 @@ def check_config(cfg: GRPOConfig) -> None:
         raise ValueError(f"reward must be one of {REWARDS}, got {cfg.reward!r}")
     if cfg.reward == "learned" and not cfg.reward_model:
         raise ValueError("reward=learned needs reward_model=<saved progress model directory>")
-    for name in ("iterations", "groups", "epochs", "minibatch_size", "eval_workers"):
+    for name in ("iterations", "groups", "epochs", "minibatch_size", "eval_envs"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.group_size < 2:
@@ -217,62 +224,6 @@ def grpo_loss(
 # --- rollouts and scoring ----------------------------------------------------------------------
 
 
-def load_policy(cfg: GRPOConfig, device: torch.device) -> Any:
-    """The starting policy with ``policy_overrides`` applied to its config (weights unchanged)."""
-    from embodied.policies import Policy
-
-    policy = Policy.from_pretrained(cfg.policy)
-    if cfg.policy_overrides:
-        unknown = set(cfg.policy_overrides) - {f.name for f in dataclasses.fields(policy.config)}
-        if unknown:
-            raise ValueError(
-                f"policy_overrides names {sorted(unknown)}, which the {policy.policy_type} "
-                "config does not have"
-            )
-        config = dataclasses.replace(policy.config, **cfg.policy_overrides)
-        rebuilt = type(policy)(config)
-        rebuilt.load_state_dict(policy.state_dict())
-        policy = rebuilt
-    return policy.to(device)
-
-
-def env_kwargs(policy: Any, reward_model: Any) -> dict[str, Any]:
-    """Env options giving the policy its inputs and, for a learned reward, the front camera at
-    the reward model's size."""
-    from embodied.evaluate import env_kwargs_for_policy
-
-    kwargs = env_kwargs_for_policy(policy)
-    if reward_model is not None:
-        size = reward_model.config.image_size
-        if kwargs["obs_mode"] == "state":
-            kwargs.update(obs_mode="pixels_state", image_size=(size, size))
-        elif tuple(kwargs["image_size"]) != (size, size) or "cameras" in kwargs:
-            raise ValueError(
-                f"the policy reads {kwargs.get('cameras', 'the default camera')} at "
-                f"{kwargs['image_size']} but the reward model scores the front camera at "
-                f"{(size, size)}; train them on the same frames"
-            )
-    return kwargs
-
-
-def rollout_groups(
-    policy: Any, vec: Any, seeds: list[int], group_size: int, sample_seed: int
-) -> list[Any]:
-    """``group_size`` stochastic rollouts from each seed, in group order, decisions recorded."""
-    from embodied.rollout import PolicyActor, rollout_vector
-    from embodied.sims.vector import grouped_seeds
-
-    n_obs = int(getattr(policy.config, "n_obs_steps", 1))
-    actor = PolicyActor(
-        policy, vec.num_envs, n_obs, deterministic=False, seed=sample_seed, record=True
-    )
-    episodes = grouped_seeds(seeds, group_size)
-    trajs = list(rollout_vector(vec, actor, episodes, suite=""))
-    order = {id(t): i for i, t in enumerate(trajs)}
-    # rollout_vector yields in finishing order; restore the episode order (seed, then arrival).
-    return sorted(trajs, key=lambda t: (seeds.index(t.seed), order[id(t)]))
-
-
 def privileged_progress(traj: Any) -> np.ndarray:
     """Labelled progress of the T+1 observations (the reset's value, then each step's)."""
     first = traj.metadata.get("reset_info", {}).get("progress", 0.0)
@@ -326,85 +277,6 @@ def keep_group(successes: np.ndarray, returns: np.ndarray, low: float, high: flo
     return low <= rate <= high and float(np.std(returns)) > 0
 
 
-@dataclass
-class Decisions:
-    """Every recorded decision of the kept trajectories, flattened for minibatches."""
-
-    obs: dict[str, torch.Tensor]  # feature -> [N, n_obs_steps, ...]
-    instructions: list[str]
-    outputs: dict[str, torch.Tensor]  # policy_outputs -> [N, ...]
-    old_log_prob: torch.Tensor  # [N, K] recorded at sampling time
-    mask: torch.Tensor  # [N, K]
-    sampled_log_prob: torch.Tensor  # [N]
-    advantages: torch.Tensor  # [N]
-
-    def __len__(self) -> int:
-        return len(self.instructions)
-
-    def take(self, index: np.ndarray) -> Decisions:
-        """The decisions at ``index``."""
-        i = torch.as_tensor(index, dtype=torch.long)
-        return Decisions(
-            {k: v[i] for k, v in self.obs.items()},
-            [self.instructions[j] for j in index],
-            {k: v[i] for k, v in self.outputs.items()},
-            self.old_log_prob[i],
-            self.mask[i],
-            self.sampled_log_prob[i],
-            self.advantages[i],
-        )
-
-
-def collect_decisions(trajs: list[Any], advantages: np.ndarray, n_obs_steps: int) -> Decisions:
-    """Flatten the trajectories' decisions, each with its trajectory's advantage."""
-    from embodied.rollout import decision_windows
-
-    obs: dict[str, list[np.ndarray]] = {}
-    outputs: dict[str, list[np.ndarray]] = {}
-    instructions: list[str] = []
-    adv: list[float] = []
-    for traj, a in zip(trajs, advantages, strict=True):
-        for key, value in decision_windows(traj, n_obs_steps).items():
-            obs.setdefault(key, []).append(value)
-        for key, value in traj.policy_outputs.items():
-            outputs.setdefault(key, []).append(np.asarray(value))
-        instructions += [traj.instruction] * traj.num_decisions
-        adv += [float(a)] * traj.num_decisions
-    flat = {k: torch.from_numpy(np.concatenate(v)) for k, v in outputs.items()}
-    old = flat.pop("log_probs").float()
-    sampled = flat.pop("sampled_log_prob").float()
-    return Decisions(
-        obs={k: torch.from_numpy(np.concatenate(v)) for k, v in obs.items()},
-        instructions=instructions,
-        outputs=flat,
-        old_log_prob=old,
-        mask=torch.ones_like(old, dtype=torch.bool),
-        sampled_log_prob=sampled,
-        advantages=torch.tensor(adv, dtype=torch.float32),
-    )
-
-
-def element_log_probs(policy: Any, batch: Decisions, device: torch.device) -> torch.Tensor:
-    """``Policy.log_prob`` of a minibatch's recorded decisions ``[N, K]``, with gradients."""
-    obs = {k: v.to(device) for k, v in batch.obs.items()}
-    outputs = {k: v.to(device) for k, v in batch.outputs.items()}
-    return policy.log_prob(obs, batch.instructions, outputs).reshape(len(batch), -1)
-
-
-def check_ratio(log_prob: torch.Tensor, batch: Decisions, tolerance: float) -> float:
-    """Max |ratio - 1| between the recomputed and the recorded log-probs before any update;
-    stop with a clear message when it exceeds ``tolerance`` (the policy drifted)."""
-    ratio = torch.exp(log_prob.detach().cpu() - batch.old_log_prob)
-    worst = float((ratio - 1).abs().max())
-    if not np.isfinite(worst) or worst > tolerance:
-        raise RuntimeError(
-            f"log-prob recomputation drifted from sampling: max |ratio - 1| = {worst:.3g} > "
-            f"{tolerance} before any update (is the policy deterministic in eval mode, dropout "
-            "off, the same weights used to act and to recompute?)"
-        )
-    return worst
-
-
 # --- the training loop -------------------------------------------------------------------------
 
 
@@ -423,7 +295,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     check_config(cfg)
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
-    policy = load_policy(cfg, device)
+    policy = load_policy(cfg.policy, cfg.policy_overrides, device)
     policy.eval()  # no dropout: sampling and recomputation must see the same network
     reference = copy.deepcopy(policy).requires_grad_(False) if cfg.kl_coef > 0 else None
     reward_model = None
@@ -448,8 +320,9 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
 
     def evaluate() -> dict[str, float]:
         result = evaluate_policy(
-            policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, kwargs, n_obs, cfg.eval_workers
-        )
+            policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, kwargs, n_obs, cfg.eval_envs,
+            asynchronous=False,
+        )  # fmt: skip
         return result.metrics()
 
     first_corr: float | None = None

@@ -1,0 +1,152 @@
+"""What the on-policy trainers (GRPO, TPO) share: the starting policy with RL overrides, env
+options, grouped rollouts that record every decision, the decisions flattened for minibatches,
+their log-probs recomputed with gradients, and the drift check before the first update."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> Any:
+    """The starting policy with ``policy_overrides`` applied to its config (weights unchanged)."""
+    from embodied.policies import Policy
+
+    policy = Policy.from_pretrained(path)
+    if overrides:
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(policy.config)}
+        if unknown:
+            raise ValueError(
+                f"policy_overrides names {sorted(unknown)}, which the {policy.policy_type} "
+                "config does not have"
+            )
+        config = dataclasses.replace(policy.config, **overrides)
+        rebuilt = type(policy)(config)
+        rebuilt.load_state_dict(policy.state_dict())
+        policy = rebuilt
+    return policy.to(device)
+
+
+def env_kwargs(policy: Any, reward_model: Any) -> dict[str, Any]:
+    """Env options giving the policy its inputs and, for a learned reward, the front camera at
+    the reward model's size."""
+    from embodied.evaluate import env_kwargs_for_policy
+
+    kwargs = env_kwargs_for_policy(policy)
+    if reward_model is not None:
+        size = reward_model.config.image_size
+        if kwargs["obs_mode"] == "state":
+            kwargs.update(obs_mode="pixels_state", image_size=(size, size))
+        elif tuple(kwargs["image_size"]) != (size, size) or "cameras" in kwargs:
+            raise ValueError(
+                f"the policy reads {kwargs.get('cameras', 'the default camera')} at "
+                f"{kwargs['image_size']} but the reward model scores the front camera at "
+                f"{(size, size)}; train them on the same frames"
+            )
+    return kwargs
+
+
+def rollout_groups(
+    policy: Any, vec: Any, seeds: list[int], group_size: int, sample_seed: int
+) -> list[Any]:
+    """``group_size`` stochastic rollouts from each seed, in group order, decisions recorded."""
+    from embodied.rollout import PolicyActor, rollout_vector
+    from embodied.sims.vector import grouped_seeds
+
+    n_obs = int(getattr(policy.config, "n_obs_steps", 1))
+    actor = PolicyActor(
+        policy, vec.num_envs, n_obs, deterministic=False, seed=sample_seed, record=True
+    )
+    episodes = grouped_seeds(seeds, group_size)
+    trajs = list(rollout_vector(vec, actor, episodes, suite=""))
+    order = {id(t): i for i, t in enumerate(trajs)}
+    # rollout_vector yields in finishing order; restore the episode order (seed, then arrival).
+    return sorted(trajs, key=lambda t: (seeds.index(t.seed), order[id(t)]))
+
+
+@dataclass
+class Decisions:
+    """Every recorded decision of the kept trajectories, flattened for minibatches."""
+
+    obs: dict[str, torch.Tensor]  # feature -> [N, n_obs_steps, ...]
+    instructions: list[str]
+    outputs: dict[str, torch.Tensor]  # policy_outputs -> [N, ...]
+    old_log_prob: torch.Tensor  # [N, K] recorded at sampling time
+    mask: torch.Tensor  # [N, K]
+    sampled_log_prob: torch.Tensor  # [N]
+    advantages: torch.Tensor  # [N]
+    trajectory: torch.Tensor  # [N] index of the decision's trajectory
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+    def take(self, index: np.ndarray) -> Decisions:
+        """The decisions at ``index``."""
+        i = torch.as_tensor(index, dtype=torch.long)
+        return Decisions(
+            {k: v[i] for k, v in self.obs.items()},
+            [self.instructions[j] for j in index],
+            {k: v[i] for k, v in self.outputs.items()},
+            self.old_log_prob[i],
+            self.mask[i],
+            self.sampled_log_prob[i],
+            self.advantages[i],
+            self.trajectory[i],
+        )
+
+
+def collect_decisions(trajs: list[Any], advantages: np.ndarray, n_obs_steps: int) -> Decisions:
+    """Flatten the trajectories' decisions, each with its trajectory's advantage."""
+    from embodied.rollout import decision_windows
+
+    obs: dict[str, list[np.ndarray]] = {}
+    outputs: dict[str, list[np.ndarray]] = {}
+    instructions: list[str] = []
+    adv: list[float] = []
+    owner: list[int] = []
+    for index, (traj, a) in enumerate(zip(trajs, advantages, strict=True)):
+        for key, value in decision_windows(traj, n_obs_steps).items():
+            obs.setdefault(key, []).append(value)
+        for key, value in traj.policy_outputs.items():
+            outputs.setdefault(key, []).append(np.asarray(value))
+        instructions += [traj.instruction] * traj.num_decisions
+        adv += [float(a)] * traj.num_decisions
+        owner += [index] * traj.num_decisions
+    flat = {k: torch.from_numpy(np.concatenate(v)) for k, v in outputs.items()}
+    old = flat.pop("log_probs").float()
+    sampled = flat.pop("sampled_log_prob").float()
+    return Decisions(
+        obs={k: torch.from_numpy(np.concatenate(v)) for k, v in obs.items()},
+        instructions=instructions,
+        outputs=flat,
+        old_log_prob=old,
+        mask=torch.ones_like(old, dtype=torch.bool),
+        sampled_log_prob=sampled,
+        advantages=torch.tensor(adv, dtype=torch.float32),
+        trajectory=torch.tensor(owner, dtype=torch.long),
+    )
+
+
+def element_log_probs(policy: Any, batch: Decisions, device: torch.device) -> torch.Tensor:
+    """``Policy.log_prob`` of a minibatch's recorded decisions ``[N, K]``, with gradients."""
+    obs = {k: v.to(device) for k, v in batch.obs.items()}
+    outputs = {k: v.to(device) for k, v in batch.outputs.items()}
+    return policy.log_prob(obs, batch.instructions, outputs).reshape(len(batch), -1)
+
+
+def check_ratio(log_prob: torch.Tensor, batch: Decisions, tolerance: float) -> float:
+    """Max |ratio - 1| between the recomputed and the recorded log-probs before any update;
+    stop with a clear message when it exceeds ``tolerance`` (the policy drifted)."""
+    ratio = torch.exp(log_prob.detach().cpu() - batch.old_log_prob)
+    worst = float((ratio - 1).abs().max())
+    if not np.isfinite(worst) or worst > tolerance:
+        raise RuntimeError(
+            f"log-prob recomputation drifted from sampling: max |ratio - 1| = {worst:.3g} > "
+            f"{tolerance} before any update (is the policy deterministic in eval mode, dropout "
+            "off, the same weights used to act and to recompute?)"
+        )
+    return worst

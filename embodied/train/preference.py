@@ -1,0 +1,247 @@
+"""Trajectory preference optimisation (GRAPE's TPO): ``embodied train tpo CONFIG [key=value]``.
+
+Rounds of roll out -> rank -> optimise, reading top to bottom:
+
+1. Roll out ``group_size`` episodes from each of ``groups`` initial states (stochastic sampling,
+   every decision recorded), as GRPO does.
+2. Rank each group with a trajectory cost (``rewards/costs.py``: failure, progress reached,
+   stage keypoint distances, collisions, steps; weighted for the objective: success, safety or
+   efficiency) and pair the best with the worst (or every ordered pair beyond ``margin``).
+3. ``epochs`` passes over the pairs with the trajectory-level DPO loss, where
+   ``log pi(tau) = sum over the trajectory's decisions and their elements (tokens / denoising
+   steps / action dimensions)`` and the reference is the policy that sampled the round
+   (iterative, on-policy DPO; ``reference=initial`` keeps the starting policy instead)::
+
+       L = -log sigmoid(beta * [(log pi(tau_w) - log pi_ref(tau_w))
+                                - (log pi(tau_l) - log pi_ref(tau_l))])
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from embodied.run import RunDir, progress, seed_everything
+from embodied.train.common import (
+    OptimConfig,
+    latest_checkpoint,
+    load_checkpoint,
+    make_optimizer,
+    resolve_device,
+    save_checkpoint,
+)
+from embodied.train.online import (
+    check_ratio,
+    collect_decisions,
+    element_log_probs,
+    env_kwargs,
+    load_policy,
+    rollout_groups,
+)
+
+
+@dataclass
+class TPOConfig:
+    """A TPO run; every field can be overridden as ``key=value``."""
+
+    policy: str = "???"  # a saved policy directory
+    task: str = "PickPlace"
+    name: str = "tpo"
+    out: str = "runs"
+    policy_overrides: dict[str, Any] = field(default_factory=dict)
+    objective: str = "success"  # success | safety | efficiency (rewards.costs.OBJECTIVES)
+    cost_weights: dict[str, float] = field(default_factory=dict)  # overrides the objective's
+    pairs: str = "best-worst"  # or "all": every ordered pair whose costs differ by > margin
+    margin: float = 0.0
+    beta: float = 0.1
+    reference: str = "round"  # round: the policy that sampled the round | initial
+    rounds: int = 10
+    groups: int = 4
+    group_size: int = 4
+    epochs: int = 2
+    pairs_per_batch: int = 4
+    ratio_tolerance: float = 1e-3
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=1e-5, weight_decay=0.0, warmup_steps=0)
+    )
+    num_envs: int = 0  # 0 = groups * group_size
+    seed: int = 0
+    train_seed: int = 20_000
+    eval_every: int = 5
+    eval_episodes: int = 20
+    eval_seed: int = 100_000
+    eval_envs: int = 10
+    save_every: int = 5
+    device: str = "auto"
+    resume: str = ""
+
+
+def tpo_loss(
+    log_pi_w: torch.Tensor,
+    ref_w: torch.Tensor,
+    log_pi_l: torch.Tensor,
+    ref_l: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Trajectory DPO over ``[P]`` pairs of trajectory log-probs; also the mean implicit reward
+    margin and the fraction of pairs the policy already ranks right."""
+    margin = beta * ((log_pi_w - ref_w) - (log_pi_l - ref_l))
+    loss = -F.logsigmoid(margin).mean()
+    stats = {
+        "loss": float(loss.detach()),
+        "reward_margin": float(margin.detach().mean()),
+        "accuracy": float((margin.detach() > 0).float().mean()),
+    }
+    return loss, stats
+
+
+def trajectory_log_probs(
+    policy: Any, data: Any, trajectories: list[int], device: torch.device
+) -> torch.Tensor:
+    """``log pi(tau)`` ``[len(trajectories)]``: the sum of the element log-probs of every decision
+    of each listed trajectory, with gradients."""
+    index = torch.as_tensor(trajectories, dtype=torch.long)
+    rows = torch.nonzero(torch.isin(data.trajectory, index)).squeeze(-1).numpy()
+    batch = data.take(rows)
+    per_decision = (element_log_probs(policy, batch, device) * batch.mask.to(device)).sum(-1)
+    totals = torch.zeros(int(data.trajectory.max()) + 1, device=device, dtype=per_decision.dtype)
+    totals = totals.index_add(0, batch.trajectory.to(device), per_decision)
+    return totals[index.to(device)]
+
+
+def train_tpo(cfg: TPOConfig) -> RunDir:
+    """Run TPO; return the run directory (final policy in ``policy/``)."""
+    import embodied.sims as sims
+    from embodied.evaluate import evaluate_policy
+    from embodied.rewards.costs import OBJECTIVES, TrajectoryCost, preference_pairs
+
+    if cfg.objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {cfg.objective!r}")
+    if cfg.reference not in ("round", "initial"):
+        raise ValueError(f"reference must be 'round' or 'initial', got {cfg.reference!r}")
+    if cfg.group_size < 2:
+        raise ValueError(f"group_size must be >= 2 (pairs come from a group), got {cfg.group_size}")
+    seed_everything(cfg.seed)
+    device = resolve_device(cfg.device)
+    policy = load_policy(cfg.policy, cfg.policy_overrides, device).eval()
+    initial = copy.deepcopy(policy).requires_grad_(False) if cfg.reference == "initial" else None
+    kwargs = env_kwargs(policy, None)
+    n_obs = int(getattr(policy.config, "n_obs_steps", 1))
+    vec = sims.make_vec_env(
+        cfg.task, cfg.num_envs or cfg.groups * cfg.group_size, autoreset_mode="disabled", **kwargs
+    )
+    limit = vec.spec.max_episode_steps if vec.spec is not None else None
+    cost = TrajectoryCost({**OBJECTIVES[cfg.objective], **cfg.cost_weights}, limit)
+    optimizer, scheduler = make_optimizer(policy.parameters(), cfg.optim, cfg.rounds)
+    run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=cfg)
+    start = 0
+    checkpoint = latest_checkpoint(run.checkpoints) if cfg.resume else None
+    if checkpoint is not None:
+        start, _ = load_checkpoint(checkpoint, policy, optimizer, scheduler)
+
+    def evaluate() -> dict[str, float]:
+        result = evaluate_policy(
+            policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, kwargs, n_obs, cfg.eval_envs,
+            asynchronous=False,
+        )  # fmt: skip
+        return result.metrics()
+
+    try:
+        with run.metrics() as metrics:
+            if start == 0 and cfg.eval_episodes > 0:
+                metrics.log(evaluate(), 0)
+            for round_ in progress(range(start, cfg.rounds), desc="tpo"):
+                t0 = time.perf_counter()
+                base = cfg.train_seed + round_ * cfg.groups
+                seeds = list(range(base, base + cfg.groups))
+                trajs = rollout_groups(policy, vec, seeds, cfg.group_size, cfg.seed * 7919 + round_)
+                costs = cost.batch(trajs)
+                pairs = preference_pairs(costs, cfg.group_size, cfg.pairs, cfg.margin)
+                log = {
+                    "rollout/success_rate": float(np.mean([t.success for t in trajs])),
+                    "rollout/collisions": float(
+                        np.mean([np.sum(t.info["collisions"]) for t in trajs])
+                    )
+                    if all("collisions" in t.info for t in trajs)
+                    else 0.0,
+                    "rollout/mean_length": float(np.mean([t.length for t in trajs])),
+                    "rank/cost_mean": float(costs.mean()),
+                    "rank/pairs": float(len(pairs)),
+                    "time/rollout": time.perf_counter() - t0,
+                }
+                t1 = time.perf_counter()
+                if pairs:
+                    data = collect_decisions(trajs, np.zeros(len(trajs)), n_obs)
+                    # reference log pi(tau): the sampling log-probs, or the initial policy's
+                    if initial is None:
+                        ref = torch.zeros(len(trajs)).index_add(
+                            0, data.trajectory, (data.old_log_prob * data.mask).sum(-1)
+                        )
+                    else:
+                        with torch.no_grad():
+                            ref = trajectory_log_probs(
+                                initial, data, list(range(len(trajs))), device
+                            ).cpu()
+                    rng = np.random.default_rng([cfg.seed, round_])
+                    stats, first = [], True
+                    for _ in range(cfg.epochs):
+                        order = rng.permutation(len(pairs))
+                        for s in range(0, len(order), cfg.pairs_per_batch):
+                            chosen = [pairs[i] for i in order[s : s + cfg.pairs_per_batch]]
+                            w = [p[0] for p in chosen]
+                            lo = [p[1] for p in chosen]
+                            if first:  # recomputation must match sampling before any update
+                                rows = torch.nonzero(
+                                    torch.isin(data.trajectory, torch.tensor(w))
+                                ).squeeze(-1)
+                                batch = data.take(rows.numpy())
+                                log["update/first_ratio_error"] = check_ratio(
+                                    element_log_probs(policy, batch, device),
+                                    batch,
+                                    cfg.ratio_tolerance,
+                                )
+                                first = False
+                            both = trajectory_log_probs(policy, data, w + lo, device)
+                            loss, st = tpo_loss(
+                                both[: len(w)],
+                                ref[w].to(device),
+                                both[len(w) :],
+                                ref[lo].to(device),
+                                cfg.beta,
+                            )
+                            if not torch.isfinite(loss):
+                                raise FloatingPointError(
+                                    f"non-finite TPO loss in round {round_}; the last good "
+                                    f"checkpoint is {latest_checkpoint(run.checkpoints)}"
+                                )
+                            optimizer.zero_grad(set_to_none=True)
+                            loss.backward()
+                            st["grad_norm"] = float(
+                                torch.nn.utils.clip_grad_norm_(
+                                    policy.parameters(), cfg.optim.max_grad_norm
+                                )
+                            )
+                            optimizer.step()
+                            stats.append(st)
+                    for key in stats[0]:
+                        log[f"update/{key}"] = float(np.mean([st[key] for st in stats]))
+                else:
+                    log["update/skipped"] = 1.0
+                scheduler.step()
+                log["time/update"] = time.perf_counter() - t1
+                done = round_ + 1
+                if cfg.eval_episodes > 0 and (done % cfg.eval_every == 0 or done == cfg.rounds):
+                    log.update(evaluate())
+                metrics.log(log, done)
+                if done % cfg.save_every == 0 or done == cfg.rounds:
+                    save_checkpoint(run.checkpoints, done, policy, optimizer, scheduler)
+    finally:
+        vec.close()
+    policy.save_pretrained(run.path / "policy")
+    return run

@@ -1,0 +1,107 @@
+"""TPO: trajectory costs and pairs, the trajectory DPO loss by hand, and the training loop."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embodied.policies import make_policy
+from embodied.rewards.costs import OBJECTIVES, TrajectoryCost, cost_terms, preference_pairs
+from embodied.train.preference import TPOConfig, tpo_loss, train_tpo
+from embodied.trajectory import TrajectoryBuilder
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def _traj(success: bool, stages, ee, obj, goal, collisions, progress_end: float):
+    builder = TrajectoryBuilder({"agent_pos": np.zeros(4, np.float32)})
+    for t, stage in enumerate(stages):
+        info = {
+            "success": success and t == len(stages) - 1,
+            "stage": stage,
+            "progress": progress_end if t == len(stages) - 1 else 0.0,
+            "collisions": collisions[t],
+            "ee_pos": np.array(ee[t], np.float32),
+            "object_pos": np.array(obj[t], np.float32),
+            "goal_pos": np.array(goal, np.float32),
+        }
+        builder.add_step(np.zeros(4, np.float32), {"agent_pos": np.zeros(4, np.float32)}, 0.0,
+                         False, False, info)  # fmt: skip
+    return builder.build()
+
+
+def test_cost_terms_by_hand() -> None:
+    traj = _traj(
+        False, stages=[0, 1], ee=[[0, 0, 0], [0.3, 0, 0]], obj=[[0.3, 0.4, 0], [0.3, 0, 0]],
+        goal=[0.3, 0.1, 0], collisions=[1, 0], progress_end=0.4,
+    )  # fmt: skip
+    terms = cost_terms(traj, limit=8)
+    assert terms["failure"] == 1.0 and terms["progress"] == pytest.approx(0.6)
+    assert terms["collisions"] == 1.0 and terms["steps"] == pytest.approx(2 / 8)
+    # |ee - goal| = |(0, 0, 0) - (0.3, 0.1, 0)| then |(0.3, 0, 0) - (0.3, 0.1, 0)|
+    assert terms["keypoints"] == pytest.approx((math.sqrt(0.1) + 0.1) / 2, abs=1e-6)
+    cost = TrajectoryCost.objective("safety", limit=8)
+    want = sum(w * terms[k] for k, w in OBJECTIVES["safety"].items())
+    assert cost(traj) == pytest.approx(want)
+    with pytest.raises(ValueError, match="unknown cost terms \\['speed'\\]"):
+        TrajectoryCost({"speed": 1.0})
+    with pytest.raises(ValueError, match="unknown objective 'fast'"):
+        TrajectoryCost.objective("fast")
+
+
+def test_preference_pairs_within_groups() -> None:
+    costs = [0.5, 0.1, 0.9, 0.3, 1.0, 1.0, 1.0, 1.0]
+    assert preference_pairs(costs, 4) == [(1, 2)]  # the tied group gives no pair
+    assert preference_pairs(costs, 4, mode="all", margin=0.3) == [(0, 2), (1, 0), (1, 2), (3, 2)]
+    with pytest.raises(ValueError, match="groups of 3"):
+        preference_pairs(costs, 3)
+
+
+def test_tpo_loss_by_hand() -> None:
+    beta = 0.5
+    lw, rw, ll, rl = [-3.0, -1.0], [-3.5, -1.0], [-2.0, -4.0], [-1.0, -4.5]
+    loss, stats = tpo_loss(*(torch.tensor(x) for x in (lw, rw, ll, rl)), beta=beta)
+    margins = [beta * ((a - b) - (c - d)) for a, b, c, d in zip(lw, rw, ll, rl, strict=True)]
+    want = np.mean([-math.log(1 / (1 + math.exp(-m))) for m in margins])
+    assert loss.item() == pytest.approx(want)
+    assert stats["accuracy"] == 0.5 and stats["reward_margin"] == pytest.approx(np.mean(margins))
+    # At the reference the loss is log 2 whatever the trajectories.
+    same, _ = tpo_loss(torch.tensor(lw), torch.tensor(lw), torch.tensor(ll), torch.tensor(ll), 1.0)
+    assert same.item() == pytest.approx(math.log(2))
+
+
+def test_tpo_trains_and_logs(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    stats = {
+        "observation.state": {"mean": np.zeros(4), "std": np.full(4, 0.1)},
+        "observation.environment_state": {"mean": np.zeros(39), "std": np.ones(39)},
+        "action": {"min": -np.ones(4), "max": np.ones(4)},
+    }
+    policy = make_policy("mlp", state_dim=4, action_dim=4, env_state_dim=39, hidden=[32])
+    policy.fit_normalizers(stats).save_pretrained(tmp_path / "policy")
+    cfg = TPOConfig(
+        policy=str(tmp_path / "policy"), task="Reach", rounds=2, groups=2, group_size=3,
+        eval_episodes=2, eval_every=1, out=str(tmp_path), device="cpu", pairs="all",
+    )  # fmt: skip
+    cfg.optim.lr = 1e-3
+    run = train_tpo(cfg)
+    rows = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+    rounds = [r for r in rows if "update/loss" in r]
+    assert [r["step"] for r in rounds] == [1, 2]
+    first = rounds[0]
+    assert first["update/first_ratio_error"] < 1e-4
+    assert first["rank/pairs"] > 0 and "eval/Reach/collisions" in first
+    # The first round's first minibatch starts at the reference: loss log 2 on average.
+    assert 0.0 < first["update/loss"] < 1.0
+    from safetensors.torch import load_file
+
+    before = load_file(str(tmp_path / "policy" / "model.safetensors"))
+    after = load_file(str(run.path / "policy" / "model.safetensors"))
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    with pytest.raises(ValueError, match="objective must be one of"):
+        train_tpo(TPOConfig(policy=str(tmp_path / "policy"), objective="speed"))
