@@ -355,6 +355,67 @@ def bench_policy(
     ]
 
 
+@dataclass
+class RewardRow:
+    """Scoring speed of a progress reward model on rollouts, against one clip at a time."""
+
+    model: str
+    batch: int  # clips scored per call
+    frames: int  # frames per clip
+    frames_per_s: float
+    baseline: str
+    speedup: float  # frames/s / baseline frames/s
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON output."""
+        return asdict(self)
+
+
+def bench_reward(
+    image_size: int = 64,
+    batches: tuple[int, ...] = (1, 16),
+    frames: int = 100,
+    repeats: int = 5,
+    model_dirs: tuple[str, ...] = (),
+    progress: Any = None,
+) -> list[RewardRow]:
+    """Frames/s of ``ProgressRewardModel.progress`` on batches of rollout-length clips (GRPO's
+    scoring step): the default (configs/reward.yaml-sized) model at ``image_size`` and any saved
+    models, each against the same model scoring one clip per call."""
+    import torch
+
+    from embodied.rewards import ProgressConfig, ProgressRewardModel
+
+    tasks = ["put the red block on the green plate", "push the blue block to the purple plate"]
+    models: list[tuple[str, Any]] = [
+        ("progress (default)", ProgressRewardModel(ProgressConfig(image_size=image_size)).eval())
+    ]
+    models += [(str(d), ProgressRewardModel.from_pretrained(d).eval()) for d in model_dirs]
+    rng = np.random.default_rng(0)
+    rows = []
+    for label, model in models:
+        size = model.config.image_size
+        rates = {}
+        for batch in sorted(set(batches) | {1}):
+            if progress is not None:
+                progress(f"reward {label} at batch {batch}")
+            clips = torch.from_numpy(
+                rng.integers(0, 256, (batch, frames, size, size, 3), dtype=np.uint8)
+            )
+            text = [tasks[i % len(tasks)] for i in range(batch)]
+
+            def run(n: int, model: Any = model, clips: Any = clips, text: Any = text) -> None:
+                for _ in range(n):
+                    model.progress(clips, text)
+
+            rates[batch] = _median_rate(run, 2, repeats) * batch * frames
+        rows += [
+            RewardRow(label, b, frames, rates[b], f"{label} (batch 1)", rates[b] / rates[1])
+            for b in batches
+        ]
+    return rows
+
+
 def format_table(rows: list[Any]) -> str:
     """Fixed-width text table of bench rows (dataclasses with ``as_dict``)."""
     dicts = [r.as_dict() for r in rows]

@@ -68,6 +68,22 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval_reward(args: argparse.Namespace) -> int:
+    from embodied.evaluate_reward import evaluate_reward, markdown, write_json
+
+    rows = evaluate_reward(
+        args.dataset,
+        list(dict.fromkeys([args.model, *args.baselines])),
+        args.frames,
+        args.episodes,
+        args.image_key,
+    )
+    print(markdown(rows))
+    if args.json:
+        write_json(args.json, rows)
+    return 0
+
+
 def _cmd_label(args: argparse.Namespace) -> int:
     from embodied.label import run_label
 
@@ -206,6 +222,20 @@ def _cmd_bench_policy(args: argparse.Namespace) -> int:
     return _print_rows(rows, args.json)
 
 
+def _cmd_bench_reward(args: argparse.Namespace) -> int:
+    from embodied.bench import bench_reward
+
+    rows = bench_reward(
+        image_size=args.image_size,
+        batches=tuple(args.batches),
+        frames=args.frames,
+        repeats=args.repeats,
+        model_dirs=tuple(args.model),
+        progress=_bench_note(args),
+    )
+    return _print_rows(rows, args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = argparse.ArgumentParser(
@@ -247,6 +277,20 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--workers", type=int, help="parallel env workers")
     ev.add_argument("--out", help="root directory of the run")
     ev.set_defaults(func=_cmd_eval)
+
+    ev_reward = sub.add_parser(
+        "eval-reward", help="VOC, AUROC, MAE, calibration of a reward model (also: eval reward)"
+    )
+    ev_reward.add_argument("--model", required=True, help="reward model dir, 'time' or judge:DIR")
+    ev_reward.add_argument("--dataset", required=True, help="labelled LeRobot dataset")
+    ev_reward.add_argument(
+        "--baselines", nargs="*", default=["time"], help="more methods (default: time)"
+    )
+    ev_reward.add_argument("--frames", type=int, default=8, help="frames scored per episode")
+    ev_reward.add_argument("--episodes", type=int, default=0, help="first N episodes (0: all)")
+    ev_reward.add_argument("--image-key", default="", help="camera feature (default: the first)")
+    ev_reward.add_argument("--json", default="", help="also write the rows to this JSON file")
+    ev_reward.set_defaults(func=_cmd_eval_reward)
 
     label = sub.add_parser("label", help="write progress labels into a dataset")
     label.add_argument("dataset", help="LeRobot v3 dataset directory")
@@ -318,12 +362,23 @@ def build_parser() -> argparse.ArgumentParser:
     pol.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
     pol.add_argument("--policy", nargs="*", default=[], help="saved policy dirs to add")
     pol.set_defaults(func=_cmd_bench_policy)
+    rew = bench_sub.add_parser("reward", help="reward-model scoring frames/s, batched vs one clip")
+    rew.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    rew.add_argument("--image-size", type=int, default=64)
+    rew.add_argument("--batches", nargs="+", type=int, default=[1, 16])
+    rew.add_argument("--frames", type=int, default=100, help="frames per clip (a rollout)")
+    rew.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
+    rew.add_argument("--model", nargs="*", default=[], help="saved reward model dirs to add")
+    rew.set_defaults(func=_cmd_bench_reward)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``embodied`` console script."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["eval", "reward"]:  # `embodied eval reward ...` is the reward evaluation
+        argv = ["eval-reward", *argv[2:]]
     args = parser.parse_args(argv)
     if getattr(args, "config", None) and "=" in args.config:
         args.overrides, args.config = [args.config, *args.overrides], None

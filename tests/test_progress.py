@@ -413,3 +413,44 @@ def test_image_encoder_backward_is_safe_with_two_threads() -> None:
         assert all(torch.isfinite(p.grad).all() for p in encoder.parameters())
     finally:
         torch.set_num_threads(threads)
+
+
+def test_bench_reward_reports_batched_scoring_against_one_clip(capsys) -> None:
+    from embodied.cli import main
+
+    assert main(["bench", "reward", "--json", "--image-size", "16", "--frames", "4",
+                 "--batches", "1", "3", "--repeats", "1"]) == 0  # fmt: skip
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["batch"], r["frames"]) for r in rows] == [(1, 4), (3, 4)]
+    assert rows[0]["speedup"] == 1.0 and all(r["frames_per_s"] > 0 for r in rows)
+    assert rows[1]["baseline"] == "progress (default) (batch 1)"
+
+
+def test_eval_reward_table_has_the_model_and_its_baselines(labelled_reach, tmp_path, capsys):
+    from embodied.cli import main
+    from embodied.datasets import LeRobotDataset
+
+    torch.manual_seed(0)
+    dataset = LeRobotDataset(labelled_reach)
+    model = ProgressRewardModel(tiny_config(image_size=32, vocab=build_vocab(dataset.tasks)))
+    model.save_pretrained(tmp_path / "model")
+    out = tmp_path / "rows.json"
+    code = main(["eval", "reward", "--model", str(tmp_path / "model"), "--dataset",
+                 str(labelled_reach), "--json", str(out)])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    rows = {r["method"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {str(tmp_path / "model"), "untrained", "time interpolation"}
+    time_row = rows["time interpolation"]
+    table = dataset.episodes_table()
+    failed = sum(not r["success"] for r in table)
+    assert time_row["episodes"] == len(table) and time_row["failed"] == failed > 0
+    # time interpolation: perfect order everywhere, 1.0 at the end of every failure, no head
+    assert time_row["voc_success_mean"] == 1.0 and time_row["voc_failed_mean"] == 1.0
+    assert time_row["failed_median_final"] == 1.0 and time_row["success_auroc"] == 0.5
+    assert "success_head_auroc" not in time_row  # a method without a success head
+    model_row = rows[str(tmp_path / "model")]
+    assert 0.0 <= model_row["success_head_ece"] <= 1.0 and -1 <= model_row["voc_success_mean"] <= 1
+    assert "| time interpolation |" in printed and "n/a" in printed
+    assert main(["eval", "reward", "--model", "nowhere", "--dataset", str(labelled_reach)]) == 2
+    assert "'nowhere' is not 'time'" in capsys.readouterr().err

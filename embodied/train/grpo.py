@@ -78,6 +78,7 @@ class GRPOConfig:
     policy_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. min_std, temperature
     reward: str = "learned"  # learned (reward_model) | privileged (progress labels) | success
     reward_model: str = ""  # a saved progress reward model directory, for reward=learned
+    reward_frames: int = 8  # observations the reward model scores per rollout (its clip_len)
     success_weight: float = 1.0
     progress_weight: float = 1.0
     iterations: int = 20
@@ -230,27 +231,26 @@ def privileged_progress(traj: Any) -> np.ndarray:
     return np.concatenate([[float(first)], np.asarray(traj.info["progress"], dtype=np.float64)])
 
 
-def learned_progress(model: Any, trajs: list[Any], batch: int = 8) -> list[np.ndarray]:
-    """The reward model's progress of every observation, ``[T+1]`` per trajectory (batched; the
-    causal model lets shorter clips be padded by repeating their last frame)."""
-    out: list[np.ndarray] = []
-    for start in range(0, len(trajs), batch):
-        chunk = trajs[start : start + batch]
-        frames = [np.asarray(t.observations["pixels"]) for t in chunk]
-        longest = max(len(f) for f in frames)
-        padded = np.stack(
-            [np.concatenate([f, np.repeat(f[-1:], longest - len(f), 0)]) for f in frames]
-        )
-        with torch.no_grad():
-            p = (
-                model.progress(torch.from_numpy(padded), [t.instruction for t in chunk])
-                .cpu()
-                .numpy()
-            )
-        out += [p[i, : len(f)].astype(np.float64) for i, f in enumerate(frames)]
-    for i, p in enumerate(out):
+def learned_progress(model: Any, trajs: list[Any], frames: int = 8) -> list[np.ndarray]:
+    """The reward model's progress of every observation, ``[T+1]`` per trajectory: scored in one
+    batch at ``frames`` evenly spaced observations (first and last included: the clip length it
+    was trained on, so its time embedding sees familiar positions), linearly interpolated."""
+    from embodied.train.reward import eval_indices
+
+    picks = [eval_indices(t.length + 1, frames) for t in trajs]
+    width = max(len(p) for p in picks)
+    clips = []
+    for traj, pick in zip(trajs, picks, strict=True):
+        pick = np.concatenate([pick, np.repeat(pick[-1:], width - len(pick))])  # causal: pad last
+        clips.append(np.asarray(traj.observations["pixels"])[pick])
+    with torch.no_grad():
+        scores = model.progress(torch.from_numpy(np.stack(clips)), [t.instruction for t in trajs])
+    out = []
+    for i, (traj, pick) in enumerate(zip(trajs, picks, strict=True)):
+        p = scores[i, : len(pick)].cpu().numpy().astype(np.float64)
         if not np.isfinite(p).all():
             raise FloatingPointError(f"the reward model returned NaN progress for trajectory {i}")
+        out.append(np.interp(np.arange(traj.length + 1), pick, p))
     return out
 
 
@@ -362,7 +362,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     all_trajs += trajs
                     t1 = time.perf_counter()
                     if cfg.reward == "learned":
-                        curves = learned_progress(reward_model, trajs)
+                        curves = learned_progress(reward_model, trajs, cfg.reward_frames)
                     elif cfg.reward == "privileged":
                         curves = [privileged_progress(t) for t in trajs]
                     else:
@@ -397,7 +397,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     log["rollout/env_errors"] = float(errors)
                 # reward-hacking monitor: learned reward vs privileged progress on these rollouts
                 if reward_model is not None:
-                    learned = learned_progress(reward_model, all_trajs)
+                    learned = learned_progress(reward_model, all_trajs, cfg.reward_frames)
                     final_l = np.array([c[-1] for c in learned])
                     final_p = np.array([privileged_progress(t)[-1] for t in all_trajs])
                     corr = pearson(final_l, final_p)
