@@ -182,35 +182,61 @@ def object_groups(names: Sequence[str]) -> list[tuple[str, list[int]]]:
     return list(groups.items())
 
 
+RELATIVE_SCALE = 0.1  # metres: hand-relative offsets are given in units of 10 cm
+
+
 class ObjectTokens(nn.Module):
     """One token per object of a flat state whose values are named ``object.quantity``::
 
         token_o = name_o + W_v (o's values, zero-padded to the largest object)
 
     ``name_o`` (``[O, E]``, e.g. the mean embedding of the words of the object's name) comes from
-    the caller, so a policy embeds names with the same table as its instructions.
+    the caller, so a policy embeds names with the same table as its instructions. With
+    ``relative=True`` each object with ``.x .y .z`` values also gets its offset from the hand,
+    ``(p_o - p_hand) / 0.1 m`` from the raw (unnormalised) state, as three more inputs of
+    ``W_v``: "the block is 2 cm left of the gripper" is then linear in the token, not a
+    difference the network must learn to take between two inputs.
     """
 
-    def __init__(self, names: Sequence[str], embed_dim: int) -> None:
+    def __init__(self, names: Sequence[str], embed_dim: int, relative: bool = False) -> None:
         super().__init__()
         self.groups = object_groups(names)
         width = max(len(index) for _, index in self.groups)
         index = torch.full((len(self.groups), width), -1, dtype=torch.long)
+        xyz = torch.full((len(self.groups), 3), -1, dtype=torch.long)
         for o, (_, values) in enumerate(self.groups):
             index[o, : len(values)] = torch.tensor(values)
+            local = {names[i].rsplit(".", 1)[-1]: i for i in values}
+            if all(axis in local for axis in "xyz"):
+                xyz[o] = torch.tensor([local[a] for a in "xyz"])
         # Derived from the names: moved with the module, never saved.
         self.register_buffer("value_index", index.clamp(min=0), persistent=False)
         self.register_buffer("value_mask", index >= 0, persistent=False)
-        self.value_proj = nn.Linear(width, embed_dim)
+        self.register_buffer("xyz_index", xyz.clamp(min=0), persistent=False)
+        self.register_buffer("xyz_mask", xyz >= 0, persistent=False)
+        self.relative = relative
+        self.value_proj = nn.Linear(width + 3 * relative, embed_dim)
 
     @property
     def object_names(self) -> list[str]:
         """The objects, in token order (``block_red``, ``drawer``, ...)."""
         return [name for name, _ in self.groups]
 
-    def forward(self, state: torch.Tensor, name_embeddings: torch.Tensor) -> torch.Tensor:
-        """``state [N, D]``, ``name_embeddings [O, E]`` -> tokens ``[N, O, E]``."""
+    def forward(
+        self,
+        state: torch.Tensor,
+        name_embeddings: torch.Tensor,
+        raw_state: torch.Tensor | None = None,
+        hand: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``state [N, D]``, ``name_embeddings [O, E]`` -> tokens ``[N, O, E]``; with
+        ``relative``, also the raw state ``[N, D]`` and the hand's position ``[N, 3]``."""
         values = state[:, self.value_index] * self.value_mask  # [N, O, W]
+        if self.relative:
+            if raw_state is None or hand is None:
+                raise ValueError("relative object tokens need the raw state and the hand position")
+            offset = (raw_state[:, self.xyz_index] - hand[:, None, :]) / RELATIVE_SCALE
+            values = torch.cat([values, offset * self.xyz_mask], dim=-1)  # [N, O, W + 3]
         return name_embeddings + self.value_proj(values)
 
 
@@ -234,9 +260,10 @@ class ObjectStateEncoder(nn.Module):
         embed_dim: int,
         n_queries: int = 4,
         n_heads: int = 4,
+        relative: bool = False,
     ) -> None:
         super().__init__()
-        self.tokens = ObjectTokens(names, embed_dim)
+        self.tokens = ObjectTokens(names, embed_dim, relative)
         name_ids, name_mask = words.tokenize(self.tokens.object_names)
         self.register_buffer("name_ids", name_ids, persistent=False)
         self.register_buffer("name_mask", name_mask, persistent=False)
@@ -246,10 +273,17 @@ class ObjectStateEncoder(nn.Module):
         self.n_queries, self.output_dim = n_queries, n_queries * embed_dim
 
     def forward(
-        self, state: torch.Tensor, instruction: torch.Tensor, words: InstructionEncoder
+        self,
+        state: torch.Tensor,
+        instruction: torch.Tensor,
+        words: InstructionEncoder,
+        raw_state: torch.Tensor | None = None,
+        hand: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``state [N, D]`` (normalised), ``instruction [N, E]`` -> ``[N, n_queries * E]``."""
-        tokens = self.tokens(state, words.embed_ids(self.name_ids, self.name_mask))
+        """``state [N, D]`` (normalised), ``instruction [N, E]`` -> ``[N, n_queries * E]``
+        (``raw_state`` and ``hand`` for relative tokens, see ``ObjectTokens``)."""
+        names = words.embed_ids(self.name_ids, self.name_mask)
+        tokens = self.tokens(state, names, raw_state, hand)
         queries = self.slots + self.query_proj(instruction).view(len(state), self.n_queries, -1)
         out, _ = self.attention(queries, tokens, tokens, need_weights=False)
         return out.flatten(1)

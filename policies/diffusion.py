@@ -102,6 +102,7 @@ class DiffusionConfig:
     env_state_encoder: str = "flat"  # "flat" values, or "objects": attention over object tokens
     object_queries: int = 4  # "objects": instruction-dependent queries (output K * embed_dim)
     object_heads: int = 4
+    object_relative: bool = False  # "objects": add each object's offset from the hand (xyz)
     n_obs_steps: int = 2
     horizon: int = 16
     n_action_steps: int = 8
@@ -356,6 +357,7 @@ class DiffusionNet(nn.Module):
                 config.embed_dim,
                 config.object_queries,
                 config.object_heads,
+                config.object_relative,
             )
             per_step += self.object_encoder.output_dim
         else:
@@ -553,7 +555,10 @@ class DiffusionPolicy(Policy):
         if net.object_encoder is not None:  # per step: [B * n_obs, D_env] -> [B, n_obs, K * E]
             steps_env = states[1].flatten(0, 1)
             queries = instruction.repeat_interleave(config.n_obs_steps, dim=0)
-            objects = net.object_encoder(steps_env, queries, net.instruction_encoder)
+            hand = state[..., :3].flatten(0, 1).float()  # agent_pos starts with the grip site
+            objects = net.object_encoder(
+                steps_env, queries, net.instruction_encoder, env_state.flatten(0, 1), hand
+            )
             states[1] = objects.view(batch, config.n_obs_steps, -1)
         per_step += states
         steps = torch.cat(per_step, dim=-1).flatten(1)  # [B, n_obs * (n_cam * E + D)]

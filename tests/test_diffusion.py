@@ -127,9 +127,11 @@ def test_environment_state_and_conditioning_mlp_are_used():
 ENV_NAMES = [f"block_{c}.{q}" for c in ("red", "blue") for q in "xy"] + ["drawer.opening"]
 
 
-def test_object_state_encoder_from_dataset_names(tmp_path: Path):
+@pytest.mark.parametrize("relative", [False, True])
+def test_object_state_encoder_from_dataset_names(tmp_path: Path, relative: bool):
     """With value names in the dataset, ``env_state_encoder="objects"`` attends over per-object
-    tokens keyed by the instruction; it survives save/load; without names it is refused."""
+    tokens keyed by the instruction (with ``object_relative``, also their offsets from the
+    hand); it survives save/load; without names it is refused."""
     features = {
         "observation.state": {"shape": [3]},
         "action": {"shape": [2]},
@@ -140,6 +142,7 @@ def test_object_state_encoder_from_dataset_names(tmp_path: Path):
         features,
         ["reach the red block"],
         env_state_encoder="objects",
+        object_relative=relative,
         n_action_steps=4,
         num_inference_steps=5,
         **sizes,
@@ -150,6 +153,7 @@ def test_object_state_encoder_from_dataset_names(tmp_path: Path):
     torch.manual_seed(0)
     policy = DiffusionPolicy(config).fit_normalizers(stats)
     assert policy.model.object_encoder is not None
+    assert policy.model.object_encoder.tokens.relative is relative
     assert policy.model.global_cond_dim == 2 * (3 + 4 * 16) + 16  # n_obs * (D + K * E) + E
     g = torch.Generator().manual_seed(3)
     obs = {

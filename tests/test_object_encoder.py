@@ -65,3 +65,24 @@ def test_encoder_learns_to_read_the_named_object():
     ]
     with torch.no_grad():
         assert (predict(state, other) - target).pow(2).mean().item() > 0.5
+
+
+def test_relative_tokens_read_each_object_from_the_hand():
+    from embodied.nn import ObjectTokens
+
+    torch.manual_seed(0)
+    tokens = ObjectTokens(NAMES, embed_dim=8, relative=True)
+    assert tokens.value_proj.in_features == 3 + 3  # x, y, z (padded) + the offset from the hand
+    names = torch.zeros(4, 8)
+    raw = torch.randn(2, len(NAMES))
+    hand = torch.zeros(2, 3)
+    base = tokens(raw, names, raw, hand)
+    # Moving the hand by 10 cm along x shifts every block's offset input by -1 and the drawer
+    # (no xyz) not at all: exactly -W[:, 3] for the blocks through the linear map.
+    moved = tokens(raw, names, raw, hand + torch.tensor([0.1, 0.0, 0.0]))
+    weight = tokens.value_proj.weight[:, 3]
+    for o in range(3):
+        torch.testing.assert_close(moved[:, o] - base[:, o], -weight.expand(2, -1))
+    torch.testing.assert_close(moved[:, 3], base[:, 3])
+    with pytest.raises(ValueError, match="need the raw state and the hand"):
+        tokens(raw, names)
