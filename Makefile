@@ -2,12 +2,12 @@
 #
 #   TORCH=...      the torch requirement installed first (default: the 2.13.0 CPU build where a
 #                  local wheel provides it). On a GPU machine use `make TORCH=torch ...`.
-#   EXTRAS=...     package extras (default: dev,metaworld; Meta-World pins mujoco 3.3.0, so it is
+#   EXTRAS=...     package extras (default: dev,metaworld,distributed; Meta-World pins mujoco 3.3.0, so it is
 #                  installed from the start rather than switched in place later).
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-EXTRAS ?= dev,metaworld
+EXTRAS ?= dev,metaworld,distributed
 BIN := $(VENV)/bin
 export MUJOCO_GL ?= egl
 

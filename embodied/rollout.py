@@ -87,6 +87,7 @@ def rollout_vector(
     suite: str = "",
     step_limits: Sequence[int | None] | None = None,
     capture: int = 0,
+    episode_ids: Sequence[int] | None = None,
 ) -> Iterator[Trajectory]:
     """Run one episode per seed on a vector env, yielding each ``Trajectory`` as it finishes.
 
@@ -96,7 +97,9 @@ def rollout_vector(
     without a seed whenever they finish) but are ignored.
     ``act(batched_obs) -> [num_envs, A]`` gets the whole batch; an ``act`` with a
     ``reset(envs, instructions)`` method is told which sub-envs start a new episode, and on
-    what. An ``act`` that sets ``act.labels`` (``[num_envs, A]``) on each call has the env
+    what (and their ``episode_ids``, default ``0..len(seeds)-1``: what seeds a ``PolicyActor``'s
+    per-episode sampling, so a split of the episodes over workers samples the same). An
+    ``act`` that sets ``act.labels`` (``[num_envs, A]``) on each call has the env
     execute the returned actions but the trajectory record the labels (DART-style data); one
     that sets ``act.outputs`` (per sub-env: a dict of arrays, or None) has those recorded as the
     policy's decision at that step (``Trajectory.policy_outputs`` / ``decision_steps``).
@@ -106,6 +109,9 @@ def rollout_vector(
     """
     n = vec.num_envs
     pending = list(range(len(seeds)))
+    ids = list(range(len(seeds))) if episode_ids is None else [int(e) for e in episode_ids]
+    if len(ids) != len(seeds):
+        raise ValueError(f"got {len(ids)} episode_ids for {len(seeds)} seeds")
     episode_of: list[int | None] = [None] * n
     builders: list[TrajectoryBuilder | None] = [None] * n
     frames: list[list[np.ndarray] | None] = [None] * n
@@ -133,7 +139,11 @@ def rollout_vector(
         new_obs, infos = vec.reset(seed=reset_seeds, options={"reset_mask": mask})
         env_infos = {i: _env_info(infos, i) for i in envs}
         if hasattr(act, "reset"):  # a stateful actor (observation history, action queue)
-            act.reset(envs, [str(env_infos[i].get("instruction", "")) for i in envs])
+            act.reset(
+                envs,
+                [str(env_infos[i].get("instruction", "")) for i in envs],
+                episodes=[None if episode_of[i] is None else ids[episode_of[i]] for i in envs],
+            )
         for i in envs:
             if episode_of[i] is None:
                 continue
@@ -144,7 +154,7 @@ def rollout_vector(
                 task=str(info.get("task", "")),
                 suite=suite,
                 seed=reset_seeds[i],
-                metadata={"reset_info": numeric_info(info)},
+                metadata={"reset_info": numeric_info(info), "episode_id": ids[episode_of[i]]},
             )
         record_frames(envs)
         return new_obs
@@ -187,6 +197,10 @@ class PolicyActor:
     observations (repeating the first at an episode start) and plays each sampled action chunk
     for ``n_action_steps`` steps before asking the policy again, as Diffusion Policy does.
 
+    Stochastic sampling draws each sub-env's noise from its own generator, seeded by ``seed``
+    and the episode id ``rollout_vector`` gives, so an episode samples the same whatever else
+    shares the batch (other sub-envs, workers, a Ray cluster).
+
     With ``record=True`` each decision's ``policy_outputs`` (plus the sampling-time
     ``log_prob``) is offered to ``rollout_vector`` through ``outputs``, so the trajectories carry
     what ``Policy.log_prob`` needs (RL); ``decision_windows`` rebuilds the observations."""
@@ -205,17 +219,29 @@ class PolicyActor:
         self.policy, self.num_envs, self.n_obs_steps = policy, num_envs, n_obs_steps
         self.deterministic, self.record = deterministic, record
         self.outputs: list[dict[str, np.ndarray] | None] | None = None
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        self.generators = [torch.Generator().manual_seed(seed) for _ in range(num_envs)]
         self.history: list[list[dict[str, np.ndarray]]] = [[] for _ in range(num_envs)]
         self.queue: list[list[np.ndarray]] = [[] for _ in range(num_envs)]
         self.instructions = [""] * num_envs
 
-    def reset(self, envs: Sequence[int], instructions: Sequence[str]) -> None:
+    def reset(
+        self,
+        envs: Sequence[int],
+        instructions: Sequence[str],
+        episodes: Sequence[int | None] | None = None,
+    ) -> None:
         """Sub-envs ``envs`` start new episodes on ``instructions``: forget their history and
-        queued actions."""
-        for i, instruction in zip(envs, instructions, strict=True):
+        queued actions; reseed their noise from ``(seed, episode id)``."""
+        import torch
+
+        for k, (i, instruction) in enumerate(zip(envs, instructions, strict=True)):
             self.history[i], self.queue[i] = [], []
             self.instructions[i] = instruction
+            episode = None if episodes is None else episodes[k]
+            if episode is not None:
+                key = np.random.SeedSequence([self.seed, episode]).generate_state(1)[0]
+                self.generators[i] = torch.Generator().manual_seed(int(key))
 
     def __call__(self, obs: dict[str, Any]) -> np.ndarray:
         """Actions ``[num_envs, A]`` for the batched observation."""
@@ -243,7 +269,7 @@ class PolicyActor:
                     batch,
                     [self.instructions[i] for i in need],
                     deterministic=self.deterministic,
-                    generator=self.generator,
+                    generator=[self.generators[i] for i in need],
                 )
             chunks = np.asarray(out.actions.cpu().numpy(), dtype=np.float32)
             for j, i in enumerate(need):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -86,6 +86,35 @@ def env_state_values(features: Mapping[str, Any], tasks: Any) -> tuple[dict[str,
         values["env_state_names"] = names
         texts += [name for name, _ in object_groups(names)]
     return values, texts
+
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def randn(shape: Sequence[int], generator: Generators, device: Any = None, dtype: Any = None):
+    """``torch.randn(shape)`` from ``generator``, or, given one generator per row (a sequence of
+    ``shape[0]``), each row from its own: a row's noise then does not depend on which other rows
+    share the batch (rollouts reproduce across batch sizes, workers and backends)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.randn(tuple(shape), generator=generator, device=device, dtype=dtype)
+    if len(generator) != shape[0]:
+        raise ValueError(f"got {len(generator)} generators for a batch of {shape[0]}")
+    rows = [torch.randn(tuple(shape[1:]), generator=g, dtype=dtype) for g in generator]
+    return torch.stack(rows).to(device)
+
+
+def multinomial(probs: torch.Tensor, generator: Generators) -> torch.Tensor:
+    """One sample per row of ``probs [B, V]`` -> ``[B]``, per-row generators as in ``randn``."""
+    if generator is None or isinstance(generator, torch.Generator):
+        device = generator.device if generator is not None else probs.device
+        choice = torch.multinomial(probs.to(device), 1, generator=generator)
+        return choice.squeeze(1).to(probs.device)
+    if len(generator) != probs.shape[0]:
+        raise ValueError(f"got {len(generator)} generators for a batch of {probs.shape[0]}")
+    rows = [
+        torch.multinomial(p.cpu(), 1, generator=g) for p, g in zip(probs, generator, strict=True)
+    ]
+    return torch.cat(rows).to(probs.device)
 
 
 class Normalizer(nn.Module):

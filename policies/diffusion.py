@@ -73,6 +73,7 @@ from embodied.policies.base import (
     Policy,
     check_env_state_encoder,
     env_state_values,
+    randn,
     register_policy,
 )
 from embodied.policies.vision import (
@@ -672,7 +673,7 @@ class DiffusionPolicy(Policy):
         shape = (cond.shape[0], self.config.horizon, self.config.action_dim)
         if deterministic:
             return net, cond, torch.zeros(shape, device=cond.device)
-        return net, cond, torch.randn(shape, generator=generator, device=cond.device)
+        return net, cond, randn(shape, generator, device=cond.device)
 
     def recorded_chain(
         self,
@@ -737,7 +738,7 @@ class DiffusionPolicy(Policy):
             if deterministic:
                 x, _ = self.ddim_mean(*prediction, eta=0.0)
             else:
-                noise = torch.randn(shape, generator=generator, device=cond.device)
+                noise = randn(shape, generator, device=cond.device)
                 x = mean + std * noise
             chain.append(x)
             timesteps.append(t_batch)

@@ -69,7 +69,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from embodied.policies.base import register_policy
+from embodied.policies.base import randn, register_policy
 from embodied.policies.diffusion import (
     DiffusionConfig,
     DiffusionNet,
@@ -236,10 +236,8 @@ class FlowPolicy(DiffusionPolicy):
             if not chain:
                 chain.append(x)
             std = self.noise_std(x, tau_batch, cond)
-            if deterministic:
-                x = mean
-            else:
-                x = mean + std * torch.randn(shape, generator=generator, device=cond.device)
+            noise = 0.0 if deterministic else randn(shape, generator, device=cond.device)
+            x = mean + std * noise
             chain.append(x)
             taus.append(tau_batch)
             log_probs.append(self.gaussian_log_prob(x, mean, std))

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from embodied.policies.base import ENV_STATE_KEY, STATE_KEY, Policy, register_policy
+from embodied.policies.base import ENV_STATE_KEY, STATE_KEY, Policy, randn, register_policy
 from embodied.types import ActionOutput
 
 ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # the env action box (sims/conventions.py: Box(-1, 1))
@@ -190,9 +190,7 @@ class MLPPolicy(Policy):
         if deterministic:
             sample = mean
         else:
-            noise = torch.randn(
-                mean.shape, generator=generator, device=mean.device, dtype=mean.dtype
-            )
+            noise = randn(mean.shape, generator, device=mean.device, dtype=mean.dtype)
             sample = mean + torch.exp(log_std) * noise
         log_probs = self._gaussian_log_density(sample, mean, log_std)
         actions = self.action_normalizer.unnormalize(sample).clamp(ACTION_LOW, ACTION_HIGH)

@@ -87,6 +87,7 @@ from embodied.policies.base import (
     Policy,
     check_env_state_encoder,
     env_state_values,
+    multinomial,
     register_policy,
 )
 from embodied.policies.vision import (
@@ -700,13 +701,8 @@ class VLAPolicy(Policy):
         tokens, log_probs = [], []
         for k in range(self.config.num_action_tokens):
             log_p = torch.log_softmax(self.action_logits(hidden, temperature).float(), dim=-1)
-            if deterministic:
-                choice = log_p.argmax(dim=-1)
-            else:
-                probs = log_p.exp()
-                device = generator.device if generator is not None else probs.device
-                choice = torch.multinomial(probs.to(device), 1, generator=generator)
-                choice = choice.squeeze(1).to(probs.device)
+            sample = not deterministic
+            choice = multinomial(log_p.exp(), generator) if sample else log_p.argmax(dim=-1)
             tokens.append(choice + self.action_token_start)
             log_probs.append(log_p.gather(-1, choice[:, None]).squeeze(-1))
             if k + 1 == self.config.num_action_tokens:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import embodied.sims as sims
+from embodied.distributed import LocalRollouts
 from embodied.policies import make_policy
 from embodied.policies.vision import build_vocab
 from embodied.rewards import ProgressConfig, ProgressRewardModel
@@ -151,13 +151,11 @@ def _policies():
 def test_ratio_is_one_before_the_first_update(kind: str) -> None:
     torch.manual_seed(0)
     policy = _policies()[kind].fit_normalizers(STATS).eval()
-    vec = sims.make_vec_env(
-        "Reach", 4, autoreset_mode="disabled", image_size=32, max_episode_steps=12
-    )
+    rollouts = LocalRollouts("Reach", {"image_size": 32, "max_episode_steps": 12}, policy, 4)
     try:
-        trajs = rollout_groups(policy, vec, [3, 4], group_size=2, sample_seed=0)
+        trajs = rollout_groups(rollouts, [3, 4], group_size=2, sample_seed=0)
     finally:
-        vec.close()
+        rollouts.close()
     assert [t.seed for t in trajs] == [3, 3, 4, 4]
     np.testing.assert_array_equal(
         trajs[0].observations["agent_pos"][0], trajs[1].observations["agent_pos"][0]
@@ -180,13 +178,11 @@ def test_ratio_is_one_before_the_first_update(kind: str) -> None:
 
 def test_drifted_recomputation_stops_with_a_message() -> None:
     policy = _policies()["mlp"].fit_normalizers(STATS).eval()
-    vec = sims.make_vec_env(
-        "Reach", 2, autoreset_mode="disabled", obs_mode="state", max_episode_steps=5
-    )
+    rollouts = LocalRollouts("Reach", {"obs_mode": "state", "max_episode_steps": 5}, policy, 2)
     try:
-        trajs = rollout_groups(policy, vec, [0], group_size=2, sample_seed=0)
+        trajs = rollout_groups(rollouts, [0], group_size=2, sample_seed=0)
     finally:
-        vec.close()
+        rollouts.close()
     data = collect_decisions(trajs, np.zeros(2), 1)
     with torch.no_grad():
         for p in policy.parameters():

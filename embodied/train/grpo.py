@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from embodied.distributed import DistributedConfig, make_rollouts
 from embodied.run import RunDir, progress, seed_everything
 from embodied.train.common import (
     OptimConfig,
@@ -99,8 +100,8 @@ class GRPOConfig:
     optim: OptimConfig = field(
         default_factory=lambda: OptimConfig(lr=1e-5, weight_decay=0.0, warmup_steps=0)
     )
-    num_envs: int = 0  # sub-envs stepped together, one batched policy call; 0 = groups * group_size
-    asynchronous: bool = False  # one process per sub-env (worth it for camera envs on many cores)
+    num_envs: int = 0  # local sub-envs stepped together, one batched call; 0 = groups * group_size
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     eval_envs: int = 10  # evaluation sub-envs in one process, one batched policy call
     seed: int = 0
     train_seed: int = 10_000  # initial states for training; evaluation uses eval_seed..
@@ -289,7 +290,6 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float:
 
 def train_grpo(cfg: GRPOConfig) -> RunDir:
     """Run GRPO; return the run directory (final policy in ``policy/``)."""
-    import embodied.sims as sims
     from embodied.evaluate import evaluate_policy
 
     check_config(cfg)
@@ -314,9 +314,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
         start, _ = load_checkpoint(checkpoint, policy, optimizer, scheduler)
 
     num_envs = cfg.num_envs or cfg.groups * cfg.group_size
-    vec = sims.make_vec_env(
-        cfg.task, num_envs, asynchronous=cfg.asynchronous, autoreset_mode="disabled", **kwargs
-    )
+    rollouts = make_rollouts(cfg.distributed, cfg.task, kwargs, policy, num_envs)
 
     def evaluate() -> dict[str, float]:
         result = evaluate_policy(
@@ -358,7 +356,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     )
                     seeds = list(range(base, base + need))
                     sample_seed = cfg.seed * 1_000_003 + iteration * 101 + round_
-                    trajs = rollout_groups(policy, vec, seeds, cfg.group_size, sample_seed)
+                    trajs = rollout_groups(rollouts, seeds, cfg.group_size, sample_seed)
                     all_trajs += trajs
                     t1 = time.perf_counter()
                     if cfg.reward == "learned":
@@ -479,8 +477,9 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     log[f"update/{key}"] = float(np.mean([st[key] for st in stats]))
                 log["time/update"] = time.perf_counter() - t2
                 log["update/lr"] = scheduler.get_last_lr()[0]
+                rollouts.set_weights(policy)
                 finish(iteration + 1, log)
     finally:
-        vec.close()
+        rollouts.close()
     policy.save_pretrained(run.path / "policy")
     return run

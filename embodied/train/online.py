@@ -50,22 +50,12 @@ def env_kwargs(policy: Any, reward_model: Any) -> dict[str, Any]:
     return kwargs
 
 
-def rollout_groups(
-    policy: Any, vec: Any, seeds: list[int], group_size: int, sample_seed: int
-) -> list[Any]:
-    """``group_size`` stochastic rollouts from each seed, in group order, decisions recorded."""
-    from embodied.rollout import PolicyActor, rollout_vector
+def rollout_groups(rollouts: Any, seeds: list[int], group_size: int, sample_seed: int) -> list:
+    """``group_size`` stochastic rollouts from each seed, group by group, decisions recorded, on
+    a ``embodied.distributed`` backend (local or Ray: the same trajectories either way)."""
     from embodied.sims.vector import grouped_seeds
 
-    n_obs = int(getattr(policy.config, "n_obs_steps", 1))
-    actor = PolicyActor(
-        policy, vec.num_envs, n_obs, deterministic=False, seed=sample_seed, record=True
-    )
-    episodes = grouped_seeds(seeds, group_size)
-    trajs = list(rollout_vector(vec, actor, episodes, suite=""))
-    order = {id(t): i for i, t in enumerate(trajs)}
-    # rollout_vector yields in finishing order; restore the episode order (seed, then arrival).
-    return sorted(trajs, key=lambda t: (seeds.index(t.seed), order[id(t)]))
+    return rollouts.run(grouped_seeds(seeds, group_size), sample_seed, deterministic=False)
 
 
 @dataclass

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from embodied.distributed import DistributedConfig, make_rollouts
 from embodied.run import RunDir, progress, seed_everything
 from embodied.train.common import (
     OptimConfig,
@@ -70,7 +71,8 @@ class TPOConfig:
     optim: OptimConfig = field(
         default_factory=lambda: OptimConfig(lr=1e-5, weight_decay=0.0, warmup_steps=0)
     )
-    num_envs: int = 0  # 0 = groups * group_size
+    num_envs: int = 0  # local sub-envs; 0 = groups * group_size
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     seed: int = 0
     train_seed: int = 20_000
     eval_every: int = 5
@@ -133,10 +135,11 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
     initial = copy.deepcopy(policy).requires_grad_(False) if cfg.reference == "initial" else None
     kwargs = env_kwargs(policy, None)
     n_obs = int(getattr(policy.config, "n_obs_steps", 1))
-    vec = sims.make_vec_env(
-        cfg.task, cfg.num_envs or cfg.groups * cfg.group_size, autoreset_mode="disabled", **kwargs
-    )
-    limit = vec.spec.max_episode_steps if vec.spec is not None else None
+    num_envs = cfg.num_envs or cfg.groups * cfg.group_size
+    rollouts = make_rollouts(cfg.distributed, cfg.task, kwargs, policy, num_envs)
+    probe = sims.make(cfg.task, obs_mode="state")
+    limit = probe.spec.max_episode_steps if probe.spec is not None else None
+    probe.close()
     cost = TrajectoryCost({**OBJECTIVES[cfg.objective], **cfg.cost_weights}, limit)
     optimizer, scheduler = make_optimizer(policy.parameters(), cfg.optim, cfg.rounds)
     run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=cfg)
@@ -160,7 +163,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                 t0 = time.perf_counter()
                 base = cfg.train_seed + round_ * cfg.groups
                 seeds = list(range(base, base + cfg.groups))
-                trajs = rollout_groups(policy, vec, seeds, cfg.group_size, cfg.seed * 7919 + round_)
+                trajs = rollout_groups(rollouts, seeds, cfg.group_size, cfg.seed * 7919 + round_)
                 costs = cost.batch(trajs)
                 pairs = preference_pairs(costs, cfg.group_size, cfg.pairs, cfg.margin)
                 log = {
@@ -234,6 +237,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                 else:
                     log["update/skipped"] = 1.0
                 scheduler.step()
+                rollouts.set_weights(policy)
                 log["time/update"] = time.perf_counter() - t1
                 done = round_ + 1
                 if cfg.eval_episodes > 0 and (done % cfg.eval_every == 0 or done == cfg.rounds):
@@ -242,6 +246,6 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                 if done % cfg.save_every == 0 or done == cfg.rounds:
                     save_checkpoint(run.checkpoints, done, policy, optimizer, scheduler)
     finally:
-        vec.close()
+        rollouts.close()
     policy.save_pretrained(run.path / "policy")
     return run

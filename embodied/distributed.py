@@ -1,0 +1,199 @@
+"""Rollouts on one machine or a Ray cluster, behind one interface.
+
+``make_rollouts(cfg, task, env_kwargs, policy)`` gives a backend with ``set_weights(policy)``,
+``run(seeds, sample_seed, deterministic) -> trajectories`` (in episode order) and ``close()``:
+
+- ``local``: one vector env in this process, one batched policy call per step.
+- ``ray`` (extra ``distributed``): ``workers`` Ray actors, each with its own vector env and a
+  policy copy; weights are broadcast once per ``set_weights`` (an object-store reference), the
+  episodes are split into contiguous chunks, one per worker, and gathered in order. Every
+  episode's sampling noise is seeded by ``(sample_seed, episode id)`` (``PolicyActor``), so the
+  same seeds give the same trajectories as the local backend. A worker that dies is dropped with
+  a warning and its chunk runs again on the others.
+
+``address=""`` starts a private Ray instance (``num_cpus``); ``"auto"`` or ``ray://host:port``
+joins an existing cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+BACKENDS = ("local", "ray")
+
+
+@dataclass
+class DistributedConfig:
+    """Where rollouts run; part of the GRPO/TPO configs as ``distributed.*``."""
+
+    backend: str = "local"
+    address: str = ""  # ray: "" = a private local instance, "auto" or ray://host:port = a cluster
+    workers: int = 2  # ray actors
+    envs_per_worker: int = 4
+    num_cpus: int = 0  # a private instance's CPUs; 0 = Ray's default (all)
+
+
+def _rollout(vec: Any, policy: Any, seeds: Sequence[int], ids: Sequence[int], sample_seed: int,
+             deterministic: bool) -> list[Any]:  # fmt: skip
+    """Episodes ``seeds`` (ids ``ids``) on ``vec``, decisions recorded, in the given order."""
+    from embodied.rollout import PolicyActor, rollout_vector
+
+    n_obs = int(getattr(policy.config, "n_obs_steps", 1))
+    actor = PolicyActor(
+        policy, vec.num_envs, n_obs, deterministic=deterministic, seed=sample_seed, record=True
+    )
+    trajs = rollout_vector(vec, actor, list(seeds), episode_ids=list(ids))
+    by_id = {int(t.metadata["episode_id"]): t for t in trajs}  # yielded in finishing order
+    return [by_id[i] for i in ids]
+
+
+class LocalRollouts:
+    """All episodes on one vector env in this process."""
+
+    def __init__(self, task: str, env_kwargs: dict[str, Any], policy: Any, num_envs: int) -> None:
+        import embodied.sims as sims
+
+        self.policy = policy
+        self.vec = sims.make_vec_env(task, num_envs, autoreset_mode="disabled", **env_kwargs)
+
+    def set_weights(self, policy: Any) -> None:
+        """Act with ``policy`` (the same object: nothing to copy)."""
+        self.policy = policy
+
+    def run(self, seeds: Sequence[int], sample_seed: int, deterministic: bool = False) -> list[Any]:
+        """One episode per seed, in order."""
+        return _rollout(self.vec, self.policy, seeds, range(len(seeds)), sample_seed, deterministic)
+
+    def close(self) -> None:
+        self.vec.close()
+
+
+class RolloutWorker:
+    """A Ray actor's state: its own vector env and policy copy (built inside the worker)."""
+
+    def __init__(self, task: str, env_kwargs: dict[str, Any], policy: Any, num_envs: int) -> None:
+        import torch
+
+        import embodied.sims as sims
+
+        torch.set_num_threads(1)  # one core per worker: the workers share the machine
+        self.policy = policy.eval()
+        self.vec = sims.make_vec_env(task, num_envs, autoreset_mode="disabled", **env_kwargs)
+
+    def set_weights(self, state: dict[str, Any]) -> bool:
+        self.policy.load_state_dict(state)
+        return True
+
+    def run(self, seeds: list[int], ids: list[int], sample_seed: int, deterministic: bool) -> list:
+        return _rollout(self.vec, self.policy, seeds, ids, sample_seed, deterministic)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RayRollouts:
+    """Episodes split over Ray actors (see the module docstring)."""
+
+    def __init__(
+        self, cfg: DistributedConfig, task: str, env_kwargs: dict[str, Any], policy: Any
+    ) -> None:
+        try:
+            import ray
+        except ImportError as error:
+            raise ImportError(
+                "distributed.backend=ray needs Ray: pip install 'embodied-toolkit[distributed]'"
+            ) from error
+        self.ray = ray
+        if not ray.is_initialized():
+            env = {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+            kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": False}
+            if cfg.address:
+                kwargs["address"] = cfg.address
+            elif cfg.num_cpus:
+                kwargs["num_cpus"] = cfg.num_cpus
+            ray.init(**kwargs)
+        remote = ray.remote(num_cpus=1)(RolloutWorker)
+        cpu_policy = policy.to("cpu")
+        self.workers = [
+            remote.remote(task, env_kwargs, cpu_policy, cfg.envs_per_worker)
+            for _ in range(cfg.workers)
+        ]
+
+    def set_weights(self, policy: Any) -> None:
+        """Broadcast ``policy``'s weights to every worker (one object-store copy)."""
+        state = self.ray.put({k: v.detach().cpu() for k, v in policy.state_dict().items()})
+        self._call_all(lambda w: w.set_weights.remote(state))
+
+    def _call_all(self, call: Any) -> None:
+        for worker in list(self.workers):
+            try:
+                self.ray.get(call(worker))
+            except self.ray.exceptions.RayActorError:
+                self._drop(worker)
+
+    def _drop(self, worker: Any) -> None:
+        self.workers.remove(worker)
+        warnings.warn(
+            f"a rollout worker died; continuing on the {len(self.workers)} left", stacklevel=3
+        )
+        if not self.workers:
+            raise RuntimeError("every rollout worker died")
+
+    def run(self, seeds: Sequence[int], sample_seed: int, deterministic: bool = False) -> list[Any]:
+        """One episode per seed, in order; a dead worker's chunk runs again on the others."""
+        pending = list(range(len(seeds)))
+        done: dict[int, Any] = {}
+        while pending:
+            if not self.workers:
+                raise RuntimeError("every rollout worker died")
+            chunks = _split(pending, len(self.workers))
+            calls = [
+                (worker, chunk, worker.run.remote([seeds[i] for i in chunk], chunk, sample_seed,
+                                                  deterministic))
+                for worker, chunk in zip(self.workers, chunks, strict=False)
+                if chunk
+            ]  # fmt: skip
+            failed: list[int] = []
+            for worker, chunk, ref in calls:
+                try:
+                    for i, traj in zip(chunk, self.ray.get(ref), strict=True):
+                        done[i] = traj
+                except self.ray.exceptions.RayActorError:
+                    self._drop(worker)
+                    failed += chunk
+            pending = failed
+        return [done[i] for i in range(len(seeds))]
+
+    def close(self) -> None:
+        for worker in self.workers:
+            self.ray.kill(worker)
+        self.workers = []
+
+
+def _split(items: list[int], parts: int) -> list[list[int]]:
+    """``items`` in ``parts`` contiguous chunks of nearly equal size."""
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for p in range(parts):
+        end = start + size + (p < extra)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+def make_rollouts(
+    cfg: DistributedConfig, task: str, env_kwargs: dict[str, Any], policy: Any, num_envs: int
+) -> LocalRollouts | RayRollouts:
+    """The configured backend (``num_envs`` is the local backend's vector size)."""
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"distributed.backend must be one of {BACKENDS}, got {cfg.backend!r}")
+    if cfg.backend == "local":
+        return LocalRollouts(task, env_kwargs, policy, num_envs)
+    for name in ("workers", "envs_per_worker"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"distributed.{name} must be >= 1, got {getattr(cfg, name)}")
+    return RayRollouts(cfg, task, env_kwargs, policy)
