@@ -236,6 +236,47 @@ def _cmd_bench_reward(args: argparse.Namespace) -> int:
     return _print_rows(rows, args.json)
 
 
+def _cmd_bench_rollout(args: argparse.Namespace) -> int:
+    from embodied.bench import bench_rollout
+
+    rows = bench_rollout(
+        task=args.task,
+        envs=args.envs,
+        episodes=args.episodes,
+        repeats=args.repeats,
+        ray_workers=args.ray_workers,
+        progress=_bench_note(args),
+    )
+    return _print_rows(rows, args.json)
+
+
+def _cmd_bench_all(args: argparse.Namespace) -> int:
+    """Every table, at settings that finish in minutes on a 2-core CPU."""
+    import time
+
+    from embodied import bench
+
+    note = _bench_note(args)
+    start = time.perf_counter()
+    tables = {
+        "sim": lambda: bench.bench_sim(resolutions=(64, 128), steps=200, repeats=3, progress=note),
+        "collect": lambda: bench.bench_collect(episodes=4, repeats=2, progress=note),
+        "policy": lambda: bench.bench_policy(decisions=3, repeats=3, progress=note),
+        "reward": lambda: bench.bench_reward(frames=50, repeats=3, progress=note),
+        "rollout": lambda: bench.bench_rollout(episodes=4, repeats=2, progress=note),
+    }
+    results = {name: [r.as_dict() for r in run()] for name, run in tables.items()}
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({"seconds": seconds, **results}, indent=2))
+        return 0
+    for name, rows in results.items():
+        print(f"## bench {name}\n")
+        print(bench.format_dicts(rows) + "\n")
+    print(f"all benchmarks in {seconds:.0f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = argparse.ArgumentParser(
@@ -370,6 +411,17 @@ def build_parser() -> argparse.ArgumentParser:
     rew.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
     rew.add_argument("--model", nargs="*", default=[], help="saved reward model dirs to add")
     rew.set_defaults(func=_cmd_bench_reward)
+    rol = bench_sub.add_parser("rollout", help="GRPO-style rollouts: sync vs async vs Ray")
+    rol.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    rol.add_argument("--task", default="PickPlace")
+    rol.add_argument("--envs", type=int, default=4, help="envs per backend")
+    rol.add_argument("--episodes", type=int, default=8, help="episodes per timed run")
+    rol.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
+    rol.add_argument("--ray-workers", type=int, default=2, help="Ray actors (when installed)")
+    rol.set_defaults(func=_cmd_bench_rollout)
+    every = bench_sub.add_parser("all", help="every table above, at quick settings")
+    every.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    every.set_defaults(func=_cmd_bench_all)
     return parser
 
 

@@ -54,11 +54,20 @@ def _rollout(vec: Any, policy: Any, seeds: Sequence[int], ids: Sequence[int], sa
 class LocalRollouts:
     """All episodes on one vector env in this process."""
 
-    def __init__(self, task: str, env_kwargs: dict[str, Any], policy: Any, num_envs: int) -> None:
+    def __init__(
+        self,
+        task: str,
+        env_kwargs: dict[str, Any],
+        policy: Any,
+        num_envs: int,
+        asynchronous: bool = False,
+    ) -> None:
         import embodied.sims as sims
 
         self.policy = policy
-        self.vec = sims.make_vec_env(task, num_envs, autoreset_mode="disabled", **env_kwargs)
+        self.vec = sims.make_vec_env(
+            task, num_envs, asynchronous=asynchronous, autoreset_mode="disabled", **env_kwargs
+        )
 
     def set_weights(self, policy: Any) -> None:
         """Act with ``policy`` (the same object: nothing to copy)."""

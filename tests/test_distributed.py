@@ -88,3 +88,16 @@ def test_ray_backend_gives_the_local_trajectories(ray_instance) -> None:
     finally:
         remote.close()
         local.close()
+
+
+def test_bench_rollout_compares_backends_with_the_sync_baseline(ray_instance, capsys) -> None:
+    import json
+
+    from embodied.cli import main
+
+    assert main(["bench", "rollout", "--json", "--task", "Reach", "--envs", "2",
+                 "--episodes", "2", "--repeats", "1", "--ray-workers", "2"]) == 0  # fmt: skip
+    rows = {r["backend"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"sync", "async", "ray"}
+    assert rows["sync"]["speedup"] == 1.0 and rows["ray"]["envs"] == 2
+    assert all(r["steps_per_s"] > 0 and r["baseline"] == "sync (2 envs)" for r in rows.values())

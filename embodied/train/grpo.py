@@ -53,14 +53,16 @@ from embodied.train.common import (
     load_checkpoint,
     make_optimizer,
     resolve_device,
-    save_checkpoint,
 )
 from embodied.train.online import (
+    Iterations,
     check_ratio,
     collect_decisions,
     element_log_probs,
     env_kwargs,
     load_policy,
+    mean_stats,
+    optimizer_step,
     rollout_groups,
 )
 
@@ -290,7 +292,6 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float:
 
 def train_grpo(cfg: GRPOConfig) -> RunDir:
     """Run GRPO; return the run directory (final policy in ``policy/``)."""
-    from embodied.evaluate import evaluate_policy
 
     check_config(cfg)
     seed_everything(cfg.seed)
@@ -316,27 +317,14 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     num_envs = cfg.num_envs or cfg.groups * cfg.group_size
     rollouts = make_rollouts(cfg.distributed, cfg.task, kwargs, policy, num_envs)
 
-    def evaluate() -> dict[str, float]:
-        result = evaluate_policy(
-            policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, kwargs, n_obs, cfg.eval_envs,
-            asynchronous=False,
-        )  # fmt: skip
-        return result.metrics()
-
     first_corr: float | None = None
     try:
         with run.metrics() as metrics:
-
-            def finish(done: int, log: dict[str, float]) -> None:
-                """Evaluate and checkpoint when due; log the iteration."""
-                if cfg.eval_episodes > 0 and (done % cfg.eval_every == 0 or done == cfg.iterations):
-                    log.update(evaluate())
-                metrics.log(log, done)
-                if done % cfg.save_every == 0 or done == cfg.iterations:
-                    save_checkpoint(run.checkpoints, done, policy, optimizer, scheduler)
-
+            steps = Iterations(
+                cfg, cfg.iterations, policy, kwargs, run, metrics, optimizer, scheduler
+            )
             if start == 0 and cfg.eval_episodes > 0:
-                metrics.log(evaluate(), 0)
+                metrics.log(steps.evaluate(), 0)
             for iteration in progress(range(start, cfg.iterations), desc="grpo"):
                 log: dict[str, float] = {}
                 t0 = time.perf_counter()
@@ -415,7 +403,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 if not kept:  # nothing to learn from: no update, the schedule still advances
                     log["update/skipped"] = 1.0
                     scheduler.step()
-                    finish(iteration + 1, log)
+                    steps.finish(iteration + 1, log)
                     continue
                 # 4. group-normalised advantages, broadcast to every decision and element
                 returns = np.concatenate(kept_returns)
@@ -458,27 +446,17 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                             ref,
                             cfg.kl_coef,
                         )
-                        if not torch.isfinite(loss):
-                            raise FloatingPointError(
-                                f"non-finite GRPO loss at iteration {iteration}; the last good "
-                                f"checkpoint is {latest_checkpoint(run.checkpoints)}"
-                            )
-                        optimizer.zero_grad(set_to_none=True)
-                        loss.backward()
-                        st["grad_norm"] = float(
-                            torch.nn.utils.clip_grad_norm_(
-                                policy.parameters(), cfg.optim.max_grad_norm
-                            )
-                        )
-                        optimizer.step()
+                        st["grad_norm"] = optimizer_step(
+                            loss, policy, optimizer, cfg.optim.max_grad_norm,
+                            f"GRPO loss at iteration {iteration}", run.checkpoints,
+                        )  # fmt: skip
                         stats.append(st)
                 scheduler.step()
-                for key in stats[0]:
-                    log[f"update/{key}"] = float(np.mean([st[key] for st in stats]))
+                log.update(mean_stats(stats))
                 log["time/update"] = time.perf_counter() - t2
                 log["update/lr"] = scheduler.get_last_lr()[0]
                 rollouts.set_weights(policy)
-                finish(iteration + 1, log)
+                steps.finish(iteration + 1, log)
     finally:
         rollouts.close()
     policy.save_pretrained(run.path / "policy")

@@ -140,3 +140,60 @@ def check_ratio(log_prob: torch.Tensor, batch: Decisions, tolerance: float) -> f
             "off, the same weights used to act and to recompute?)"
         )
     return worst
+
+
+def optimizer_step(loss: torch.Tensor, policy: Any, optimizer: Any, max_grad_norm: float,
+                   where: str, checkpoints: Any) -> float:  # fmt: skip
+    """One clipped gradient step on ``loss``; return the gradient norm before clipping. A
+    non-finite loss stops the run, saying ``where`` (e.g. "GRPO loss at iteration 3") and which
+    checkpoint in ``checkpoints`` is the last good one."""
+    if not torch.isfinite(loss):
+        from embodied.train.common import latest_checkpoint
+
+        last = latest_checkpoint(checkpoints)
+        raise FloatingPointError(f"non-finite {where}; the last good checkpoint is {last}")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+    optimizer.step()
+    return float(norm)
+
+
+def mean_stats(stats: list[dict[str, float]], prefix: str = "update/") -> dict[str, float]:
+    """The mean of each statistic over an update's minibatches, keys prefixed."""
+    return {f"{prefix}{key}": float(np.mean([s[key] for s in stats])) for key in stats[0]}
+
+
+class Iterations:
+    """What ends every on-policy iteration: evaluation on held-out seeds when due, the metrics
+    line, and a checkpoint when due (``cfg`` has ``task``, ``eval_episodes``, ``eval_every``,
+    ``eval_seed``, ``eval_envs``, ``save_every``; ``total`` iterations)."""
+
+    def __init__(self, cfg: Any, total: int, policy: Any, env_kwargs: dict[str, Any],
+                 run: Any, metrics: Any, optimizer: Any, scheduler: Any) -> None:  # fmt: skip
+        self.cfg, self.total, self.policy, self.env_kwargs = cfg, total, policy, env_kwargs
+        self.run, self.metrics = run, metrics
+        self.optimizer, self.scheduler = optimizer, scheduler
+
+    def evaluate(self) -> dict[str, float]:
+        """Deterministic success on ``eval_episodes`` held-out seeds (one batched vector env)."""
+        from embodied.evaluate import evaluate_policy
+
+        cfg = self.cfg
+        n_obs = int(getattr(self.policy.config, "n_obs_steps", 1))
+        result = evaluate_policy(
+            self.policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, self.env_kwargs, n_obs,
+            cfg.eval_envs, asynchronous=False,
+        )  # fmt: skip
+        return result.metrics()
+
+    def finish(self, done: int, log: dict[str, float]) -> None:
+        """Evaluate and checkpoint when due; log iteration ``done``."""
+        from embodied.train.common import save_checkpoint
+
+        cfg, last = self.cfg, done == self.total
+        if cfg.eval_episodes > 0 and (done % cfg.eval_every == 0 or last):
+            log.update(self.evaluate())
+        self.metrics.log(log, done)
+        if done % cfg.save_every == 0 or last:
+            save_checkpoint(self.run.checkpoints, done, self.policy, self.optimizer, self.scheduler)

@@ -35,14 +35,16 @@ from embodied.train.common import (
     load_checkpoint,
     make_optimizer,
     resolve_device,
-    save_checkpoint,
 )
 from embodied.train.online import (
+    Iterations,
     check_ratio,
     collect_decisions,
     element_log_probs,
     env_kwargs,
     load_policy,
+    mean_stats,
+    optimizer_step,
     rollout_groups,
 )
 
@@ -120,7 +122,6 @@ def trajectory_log_probs(
 def train_tpo(cfg: TPOConfig) -> RunDir:
     """Run TPO; return the run directory (final policy in ``policy/``)."""
     import embodied.sims as sims
-    from embodied.evaluate import evaluate_policy
     from embodied.rewards.costs import OBJECTIVES, TrajectoryCost, preference_pairs
 
     if cfg.objective not in OBJECTIVES:
@@ -148,17 +149,11 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
     if checkpoint is not None:
         start, _ = load_checkpoint(checkpoint, policy, optimizer, scheduler)
 
-    def evaluate() -> dict[str, float]:
-        result = evaluate_policy(
-            policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, kwargs, n_obs, cfg.eval_envs,
-            asynchronous=False,
-        )  # fmt: skip
-        return result.metrics()
-
     try:
         with run.metrics() as metrics:
+            steps = Iterations(cfg, cfg.rounds, policy, kwargs, run, metrics, optimizer, scheduler)
             if start == 0 and cfg.eval_episodes > 0:
-                metrics.log(evaluate(), 0)
+                metrics.log(steps.evaluate(), 0)
             for round_ in progress(range(start, cfg.rounds), desc="tpo"):
                 t0 = time.perf_counter()
                 base = cfg.train_seed + round_ * cfg.groups
@@ -218,33 +213,18 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                                 ref[lo].to(device),
                                 cfg.beta,
                             )
-                            if not torch.isfinite(loss):
-                                raise FloatingPointError(
-                                    f"non-finite TPO loss in round {round_}; the last good "
-                                    f"checkpoint is {latest_checkpoint(run.checkpoints)}"
-                                )
-                            optimizer.zero_grad(set_to_none=True)
-                            loss.backward()
-                            st["grad_norm"] = float(
-                                torch.nn.utils.clip_grad_norm_(
-                                    policy.parameters(), cfg.optim.max_grad_norm
-                                )
-                            )
-                            optimizer.step()
+                            st["grad_norm"] = optimizer_step(
+                                loss, policy, optimizer, cfg.optim.max_grad_norm,
+                                f"TPO loss in round {round_}", run.checkpoints,
+                            )  # fmt: skip
                             stats.append(st)
-                    for key in stats[0]:
-                        log[f"update/{key}"] = float(np.mean([st[key] for st in stats]))
+                    log.update(mean_stats(stats))
                 else:
                     log["update/skipped"] = 1.0
                 scheduler.step()
                 rollouts.set_weights(policy)
                 log["time/update"] = time.perf_counter() - t1
-                done = round_ + 1
-                if cfg.eval_episodes > 0 and (done % cfg.eval_every == 0 or done == cfg.rounds):
-                    log.update(evaluate())
-                metrics.log(log, done)
-                if done % cfg.save_every == 0 or done == cfg.rounds:
-                    save_checkpoint(run.checkpoints, done, policy, optimizer, scheduler)
+                steps.finish(round_ + 1, log)
     finally:
         rollouts.close()
     policy.save_pretrained(run.path / "policy")
