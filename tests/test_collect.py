@@ -29,6 +29,8 @@ def test_vector_rollouts_equal_single_env_rollouts(asynchronous: bool) -> None:
     env = sims.make("ButtonPress", **kwargs)
     for traj in trajs:
         single = rollout_episode(env, sims.make_expert(env), seed=traj.seed, suite="tabletop")
+        # The vector rollout also records which of its episodes this was (seed order here).
+        assert traj.metadata.pop("episode_id") == seeds.index(traj.seed)
         assert traj.success and trajectories_equal(traj, single)
 
 
