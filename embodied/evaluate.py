@@ -324,7 +324,6 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
     if env_kwargs.get("obs_mode") == "state":
         env_kwargs["image_size"] = cfg.image_size  # only renders for the videos
     env_kwargs["terminate_on_success"] = True  # Meta-World would run on to 500 steps
-    check = (lambda task: lambda shape: check_action_space(policy, task, shape)) if policy else None
     if policy is not None:  # refuse every task up front, before any rollout
         import embodied.sims as sims
 
@@ -354,7 +353,6 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
                 env_kwargs,
                 cfg.workers,
                 videos=cfg.videos if with_videos else 0,
-                check=check(task) if check else None,
             )
             result = summarize(task, trajs)
             for traj in trajs[: cfg.videos] if with_videos else []:
