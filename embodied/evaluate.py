@@ -209,8 +209,11 @@ def evaluate_policy(
     n_obs_steps: int = 1,
     workers: int = 1,
     asynchronous: bool | None = None,
+    deterministic: bool = True,
 ) -> EvalResult:
-    """Roll ``policy`` out (deterministically) on seeds ``seed..seed+episodes-1``."""
+    """Roll ``policy`` out on seeds ``seed..seed+episodes-1``: deterministically (the policy's
+    mean action / noise-free chain), or sampling as in RL rollouts (each episode's noise seeded
+    by its index, so the result is reproducible)."""
     from embodied.rollout import PolicyActor
 
     was_training = policy.training
@@ -218,7 +221,9 @@ def evaluate_policy(
     try:
         trajs = rollout_task(
             task,
-            lambda vec: PolicyActor(policy, vec.num_envs, n_obs_steps, seed=seed),
+            lambda vec: PolicyActor(
+                policy, vec.num_envs, n_obs_steps, deterministic=deterministic, seed=seed
+            ),
             episodes,
             seed,
             env_kwargs,
@@ -244,6 +249,7 @@ class EvalConfig:
     episodes: int = 50
     seed: int = 100_000  # held out: demonstrations use seeds from 0
     videos: int = 1  # episodes per task saved as MP4 (with instruction and progress overlaid)
+    sample: bool = False  # a saved policy samples as in RL rollouts instead of acting greedily
     workers: int = 1
     image_size: int = 128  # video size for state-only policies, expert and random
     fps: int = 16
@@ -297,7 +303,9 @@ def _actor_factory(cfg: EvalConfig) -> tuple[Callable[[Any], Any], Any]:
     policy = Policy.from_pretrained(cfg.policy).eval()
     n_obs = int(getattr(policy.config, "n_obs_steps", 1))
     return (
-        lambda vec: PolicyActor(policy, vec.num_envs, n_obs, deterministic=True, seed=cfg.seed),
+        lambda vec: PolicyActor(
+            policy, vec.num_envs, n_obs, deterministic=not cfg.sample, seed=cfg.seed
+        ),
         policy,
     )
 

@@ -226,7 +226,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_grpo_updates_logs_and_resumes_exactly(saved, tmp_path: Path) -> None:
-    run = train_grpo(_cfg(saved, tmp_path / "full"))
+    run = train_grpo(_cfg(saved, tmp_path / "full", eval_sampled=True))
     rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
     iteration = [r for r in rows if "update/policy_loss" in r]
     assert [r["step"] for r in iteration] == [1, 2]
@@ -234,7 +234,7 @@ def test_grpo_updates_logs_and_resumes_exactly(saved, tmp_path: Path) -> None:
     assert first["update/first_ratio_error"] < 1e-4
     for key in ("rollout/success_rate", "score/return_std", "update/clip_fraction",
                 "update/grad_norm", "monitor/reward_corr", "time/rollout", "time/update",
-                "eval/Reach/success_rate"):  # fmt: skip
+                "eval/Reach/success_rate", "eval_sampled/Reach/mean_length"):  # fmt: skip
         assert key in first, key
     assert first["score/return_std"] > 0  # the learned reward told the rollouts apart
     start = _weights(saved["policy"])
@@ -247,7 +247,7 @@ def test_grpo_updates_logs_and_resumes_exactly(saved, tmp_path: Path) -> None:
     shutil.copytree(run.path, part)
     shutil.rmtree(part / "checkpoints" / "step-0000002")
     shutil.rmtree(part / "policy")
-    resumed = train_grpo(_cfg(saved, tmp_path / "unused", resume=str(part)))
+    resumed = train_grpo(_cfg(saved, tmp_path / "unused", resume=str(part), eval_sampled=True))
     assert resumed.path == part
     again = _weights(resumed.path / "policy")
     for key in final:

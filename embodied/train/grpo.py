@@ -110,6 +110,7 @@ class GRPOConfig:
     eval_every: int = 5
     eval_episodes: int = 20
     eval_seed: int = 100_000
+    eval_sampled: bool = False  # also evaluate the sampling policy (what the update optimises)
     monitor_warn: float = 0.3  # warn when the learned/privileged reward correlation falls below
     save_every: int = 5
     device: str = "auto"

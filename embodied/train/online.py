@@ -176,16 +176,22 @@ class Iterations:
         self.optimizer, self.scheduler = optimizer, scheduler
 
     def evaluate(self) -> dict[str, float]:
-        """Deterministic success on ``eval_episodes`` held-out seeds (one batched vector env)."""
+        """Success on ``eval_episodes`` held-out seeds (one batched vector env): deterministic
+        (``eval/``) and, with ``cfg.eval_sampled``, sampling as the rollouts do
+        (``eval_sampled/``: what RL optimises)."""
         from embodied.evaluate import evaluate_policy
 
         cfg = self.cfg
         n_obs = int(getattr(self.policy.config, "n_obs_steps", 1))
-        result = evaluate_policy(
-            self.policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, self.env_kwargs, n_obs,
-            cfg.eval_envs, asynchronous=False,
-        )  # fmt: skip
-        return result.metrics()
+        out: dict[str, float] = {}
+        modes = [True, False] if getattr(cfg, "eval_sampled", False) else [True]
+        for deterministic in modes:
+            result = evaluate_policy(
+                self.policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, self.env_kwargs, n_obs,
+                cfg.eval_envs, asynchronous=False, deterministic=deterministic,
+            )  # fmt: skip
+            out |= result.metrics("eval" if deterministic else "eval_sampled")
+        return out
 
     def finish(self, done: int, log: dict[str, float]) -> None:
         """Evaluate and checkpoint when due; log iteration ``done``."""

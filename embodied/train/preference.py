@@ -80,6 +80,7 @@ class TPOConfig:
     eval_every: int = 5
     eval_episodes: int = 20
     eval_seed: int = 100_000
+    eval_sampled: bool = False  # also evaluate the sampling policy (what the update optimises)
     eval_envs: int = 10
     save_every: int = 5
     device: str = "auto"
