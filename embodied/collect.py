@@ -21,7 +21,6 @@ import numpy as np
 from embodied.run import progress
 
 POLICIES = ("expert", "random")
-RECORDS = ("executed", "expert")
 
 
 @dataclass
@@ -71,6 +70,7 @@ class CollectSummary:
 def check_config(cfg: CollectConfig) -> None:
     """Reject bad settings before any env is built, naming the setting."""
     import embodied.sims as sims
+    from embodied.rollout import RECORDS
 
     if cfg.policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {cfg.policy!r}")

@@ -11,6 +11,8 @@ import numpy as np
 from embodied.trajectory import Trajectory, TrajectoryBuilder
 
 ActFn = Callable[[dict[str, Any]], np.ndarray]
+# What a trajectory records as its actions: what the env executed, or the expert's clean labels.
+RECORDS = ("executed", "expert")
 
 
 def numeric_info(info: dict[str, Any]) -> dict[str, Any]:
@@ -296,8 +298,8 @@ class ExpertActor:
         rng: np.random.Generator | None = None,
         record: str = "executed",
     ) -> None:
-        if record not in ("executed", "expert"):
-            raise ValueError(f"record must be 'executed' or 'expert', got {record!r}")
+        if record not in RECORDS:
+            raise ValueError(f"record must be one of {RECORDS}, got {record!r}")
         self.vec, self.noise, self.record = vec, noise, record
         self.rng = rng if rng is not None else np.random.default_rng()
 

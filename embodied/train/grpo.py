@@ -331,9 +331,9 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 t0 = time.perf_counter()
                 # 1-3. roll out groups from fresh initial states, keep the informative ones
                 kept: list[Any] = []
-                kept_curves: list[np.ndarray] = []
                 kept_returns: list[np.ndarray] = []
                 all_trajs: list[Any] = []
+                all_curves: list[np.ndarray] = []  # learned progress, for the monitor
                 score_time = 0.0
                 dropped = 0
                 for round_ in range(cfg.max_refills + 1):
@@ -350,6 +350,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     t1 = time.perf_counter()
                     if cfg.reward == "learned":
                         curves = learned_progress(reward_model, trajs, cfg.reward_frames)
+                        all_curves += curves
                     elif cfg.reward == "privileged":
                         curves = [privileged_progress(t) for t in trajs]
                     else:
@@ -362,8 +363,6 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                         if keep_group(success, returns[part], cfg.keep_low, cfg.keep_high):
                             kept += trajs[part]
                             kept_returns.append(returns[part])
-                            if curves is not None:
-                                kept_curves += curves[part]
                         else:
                             dropped += 1
                 rollout_time = time.perf_counter() - t0 - score_time
@@ -383,9 +382,8 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 if errors:
                     log["rollout/env_errors"] = float(errors)
                 # reward-hacking monitor: learned reward vs privileged progress on these rollouts
-                if reward_model is not None:
-                    learned = learned_progress(reward_model, all_trajs, cfg.reward_frames)
-                    final_l = np.array([c[-1] for c in learned])
+                if reward_model is not None:  # the rounds' scores, not scored again
+                    final_l = np.array([c[-1] for c in all_curves])
                     final_p = np.array([privileged_progress(t)[-1] for t in all_trajs])
                     corr = pearson(final_l, final_p)
                     log["monitor/reward_corr"] = corr
