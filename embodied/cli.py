@@ -13,12 +13,13 @@ from embodied import __version__
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from embodied.config import load_config
-    from embodied.demo import DemoConfig, markdown_table, run_demo
+    from embodied.demo import QUICK, DemoConfig, run_demo, summary_text
 
-    overrides = list(args.overrides) + ([f"out={args.out}"] if args.out else [])
+    quick = QUICK if args.quick else []
+    overrides = [*quick, *args.overrides] + ([f"out={args.out}"] if args.out else [])
     cfg = load_config(DemoConfig, args.config, overrides)
-    run, results = run_demo(cfg)
-    print(markdown_table(results))
+    run, outcomes = run_demo(cfg, echo=lambda line: print(line, flush=True))
+    print("\n" + summary_text(outcomes))
     print(f"\nreport: {run.path / 'report.html'}")
     return 0
 
@@ -286,10 +287,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"embodied {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    demo = sub.add_parser("demo", help="roll out the scripted experts on the tabletop suite")
+    demo = sub.add_parser(
+        "demo",
+        help="the whole pipeline: demos, reward model, BC, GRPO, before/after report",
+    )
     demo.add_argument("config", nargs="?", default=None, help="YAML config (configs/demo.yaml)")
-    demo.add_argument("overrides", nargs="*", help="dotted overrides, e.g. episodes=20")
+    demo.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.iterations=30")
     demo.add_argument("--out", default=None, help="root directory for the run (default: runs)")
+    demo.add_argument(
+        "--quick", action="store_true", help="toy sizes: the same pipeline in a few minutes"
+    )
     demo.set_defaults(func=_cmd_demo)
 
     collect = sub.add_parser("collect", help="record rollouts into a LeRobot v3 dataset")

@@ -58,7 +58,21 @@ def load_config(
         source = f"in override {override!r}"
         key = override.partition("=")[0].strip()
         cfg = _merge(cfg, _parse_override(override), schema, source, key)
+    return _build(cfg, schema)
 
+
+def config_from(schema: type[T], values: Mapping[str, Any], source: str = "") -> T:
+    """A ``schema`` from its defaults updated by the nested mapping ``values`` (e.g. a section of
+    another config); errors name the bad key and ``source``."""
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+        raise TypeError(f"config_from expects a dataclass type, got {schema!r}")
+    update = OmegaConf.create(_paths_to_str(dict(values)))
+    cfg = _merge(OmegaConf.structured(schema), update, schema, source or "in the given values")
+    return _build(cfg, schema)
+
+
+def _build(cfg: DictConfig, schema: type[T]) -> T:
+    """The dataclass instance of a merged config, with missing or bad values named."""
     try:
         return typing.cast(T, OmegaConf.to_object(cfg))
     except MissingMandatoryValue as error:

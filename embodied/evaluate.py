@@ -236,6 +236,44 @@ def evaluate_policy(
     return summarize(task, trajs)
 
 
+def evaluate_task(
+    out: Path,
+    task: str,
+    make_actor: Callable[[Any], Any],
+    episodes: int,
+    seed: int,
+    env_kwargs: dict[str, Any],
+    workers: int = 1,
+    videos: int = 0,
+    fps: int = 16,
+    asynchronous: bool | None = None,
+    prefix: str = "",
+    check: Callable[[tuple[int, ...]], None] | None = None,
+) -> tuple[EvalResult, list[Any]]:
+    """``rollout_task`` then ``summarize``; the first ``videos`` episodes are written to
+    ``out/videos/<prefix><task>-<seed>.mp4`` with the instruction and privileged progress drawn
+    on them (paths relative to ``out`` in ``result.videos``). Returns the result and the
+    trajectories; ``check`` as in ``rollout_task``. Without an H.264 encoder it warns and writes
+    no videos."""
+    from embodied.video import annotate_frames, encoder_available, write_video
+
+    if videos > 0 and not encoder_available():
+        warnings.warn("no H.264 encoder (PyAV/FFmpeg): the report has no videos", stacklevel=2)
+        videos = 0
+    if videos > 0:
+        (Path(out) / "videos").mkdir(parents=True, exist_ok=True)
+    trajs = rollout_task(
+        task, make_actor, episodes, seed, env_kwargs, workers, videos, check, asynchronous
+    )
+    result = summarize(task, trajs)
+    for traj in trajs[:videos]:
+        frames = annotate_frames(traj.frames, traj.instruction, traj.info.get("progress"))
+        name = f"videos/{prefix}{task.replace('/', '_')}-{traj.seed}.mp4"
+        write_video(Path(out) / name, frames, fps=fps)
+        result.videos.append(name)
+    return result, trajs
+
+
 # --- embodied eval --------------------------------------------------------------------------
 
 
@@ -315,7 +353,6 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
     ``report.html`` into a new run directory. Return the run and the per-task results."""
     from embodied.report import write_eval_report
     from embodied.run import RunDir, progress, seed_everything
-    from embodied.video import annotate_frames, encoder_available, write_video
 
     for name in ("episodes", "workers", "image_size", "fps"):
         if getattr(cfg, name) < 1:
@@ -342,9 +379,6 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
             finally:
                 env.close()
 
-    with_videos = cfg.videos > 0 and encoder_available()
-    if cfg.videos > 0 and not with_videos:
-        warnings.warn("no H.264 encoder (PyAV/FFmpeg): the report has no videos", stacklevel=2)
     seed_everything(cfg.seed)
     run = RunDir.create(cfg.out, cfg.name, config=cfg)
     (run.path / "videos").mkdir()
@@ -353,21 +387,17 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
     bar = progress(total=len(tasks), desc=f"eval {cfg.policy}")
     with run.metrics() as metrics:
         for step, task in enumerate(tasks):
-            trajs = rollout_task(
+            result, _ = evaluate_task(
+                run.path,
                 task,
                 make_actor,
                 cfg.episodes,
                 cfg.seed,
                 env_kwargs,
                 cfg.workers,
-                videos=cfg.videos if with_videos else 0,
+                videos=cfg.videos,
+                fps=cfg.fps,
             )
-            result = summarize(task, trajs)
-            for traj in trajs[: cfg.videos] if with_videos else []:
-                frames = annotate_frames(traj.frames, traj.instruction, traj.info.get("progress"))
-                name = f"videos/{task.replace('/', '_')}-{traj.seed}.mp4"
-                write_video(run.path / name, frames, fps=cfg.fps)
-                result.videos.append(name)
             results.append(result)
             metrics.log(result.metrics(), step)
             bar.update(1)

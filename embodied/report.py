@@ -110,18 +110,26 @@ def success_plot(groups: dict[str, Sequence[Any]]) -> bytes:
     return figure_png(fig)
 
 
-def progress_plot(results: Sequence[Any]) -> bytes:
-    """Privileged progress over time, successful episodes vs failed, one panel per task."""
+def progress_plot(panels: Sequence[tuple[str, Sequence[Sequence[float]], Sequence[bool]]]) -> bytes:
+    """Progress over time of successful (green) vs failed (red) episodes: one panel per
+    ``(title, curves, successes)``."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 2.6), squeeze=False)
-    for ax, result in zip(axes[0], results, strict=True):
-        for curve, won in zip(result.progress_curves, result.episode_successes, strict=True):
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.6), squeeze=False)
+    for ax, (title, curves, successes) in zip(axes[0], panels, strict=True):
+        for curve, won in zip(curves, successes, strict=True):
             ax.plot(curve, color="tab:green" if won else "tab:red", alpha=0.5, lw=1)
-        ax.set_title(result.task.removeprefix("metaworld/"), fontsize=9)
+        ax.set_title(title, fontsize=9)
         ax.set_ylim(-0.05, 1.05)
         ax.set_xlabel("step")
     axes[0][0].set_ylabel("progress (green: success)")
     return figure_png(fig)
+
+
+def result_panels(results: Sequence[Any]) -> list[tuple[str, list[list[float]], list[bool]]]:
+    """``progress_plot`` panels of evaluation results' privileged progress, one per task."""
+    return [
+        (r.task.removeprefix("metaworld/"), r.progress_curves, r.episode_successes) for r in results
+    ]
 
 
 EVAL_HEADERS = (
@@ -190,7 +198,7 @@ def write_eval_report(
     ]
     with_curves = [r for r in results if r.progress_curves]
     if with_curves:
-        progress_png = progress_plot(with_curves)
+        progress_png = progress_plot(result_panels(with_curves))
         atomic_write_bytes(path / "progress.png", progress_png)
         body += ["<h2>Progress</h2>", image_tag(progress_png, "progress over time")]
     videos = [(v, f"{r.task}: {r.instructions[0]}") for r in results for v in r.videos[:1]]

@@ -65,14 +65,22 @@ def write_video(
 
 
 def annotate_frames(
-    frames: np.ndarray, text: str = "", progress: Sequence[float] | np.ndarray | None = None
+    frames: np.ndarray,
+    text: str = "",
+    progress: Sequence[float] | np.ndarray | None = None,
+    min_height: int = 160,
 ) -> np.ndarray:
     """Copies of ``uint8 [T, H, W, 3]`` frames with ``text`` (the instruction) on a dark band at
     the top and, when ``progress`` gives one value in [0, 1] per frame (or per step: the first
-    frame then shows 0), a progress bar at the bottom."""
+    frame then shows 0), a progress bar at the bottom. Frames shorter than ``min_height`` are
+    first enlarged by a whole factor, so the text stays legible on small camera images."""
     import cv2
 
     frames = np.array(frames, dtype=np.uint8, copy=True)
+    factor = -(-min_height // frames.shape[1])
+    if factor > 1:
+        size = (frames.shape[2] * factor, frames.shape[1] * factor)
+        frames = np.stack([cv2.resize(f, size, interpolation=cv2.INTER_NEAREST) for f in frames])
     count, height, width = frames.shape[:3]
     values = None
     if progress is not None:

@@ -1,4 +1,4 @@
-"""The command line, the demo report, the sim benchmark, videos, rollouts and package layering."""
+"""The command line, the sim benchmark, videos, rollouts and package layering."""
 
 from __future__ import annotations
 
@@ -15,10 +15,7 @@ import pytest
 
 import embodied.sims as sims
 from embodied.cli import main
-from embodied.config import load_config
-from embodied.demo import DemoConfig
 from embodied.rollout import rollout_episode
-from embodied.run import read_metrics
 from embodied.video import write_video
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,44 +34,6 @@ def test_help_lists_the_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
 def test_tasks_lists_the_tabletop_suite(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tasks"]) == 0
     assert capsys.readouterr().out.split() == sims.list_tasks()
-
-
-def test_demo_writes_a_complete_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["demo", "tasks=[Reach,ButtonPress]", "episodes=2", "image_size=48", "--out"]
-    assert main([*args, str(tmp_path)]) == 0
-    (run,) = tmp_path.iterdir()
-    results = json.loads((run / "results.json").read_text())["results"]
-    assert [r["task"] for r in results] == ["Reach", "ButtonPress"]
-    assert all(r["success_rate"] == 1.0 for r in results)  # the experts solve both tasks
-
-    page = (run / "report.html").read_text()
-    videos = re.findall(r'<video src="([^"]+)"', page)
-    assert len(videos) == 2
-    for video in videos:
-        with av.open(str(run / video)) as container:
-            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
-        assert len(frames) > 5 and frames[0].shape == (48, 48, 3)
-
-    cfg = load_config(DemoConfig, run / "config.yaml")
-    assert cfg.tasks == ["Reach", "ButtonPress"] and cfg.episodes == 2
-    metrics = read_metrics(run / "metrics.jsonl")
-    assert metrics[0]["Reach/success_rate"] == 1.0
-    assert "| Reach | 2 | 100% |" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        ("episodes=many", "config key 'episodes' expects int, got 'many'"),
-        ("episodez=3", "unknown config key 'episodez'"),
-        ("tasks=[Fly]", "unknown task(s) ['Fly']; available: Reach, Push"),
-    ],
-)
-def test_demo_bad_input_is_a_clear_error(
-    override: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main(["demo", override, "--out", str(tmp_path)]) == 2
-    assert message in capsys.readouterr().err
 
 
 def test_bench_sim_reports_rates_against_raw_mujoco(capsys: pytest.CaptureFixture[str]) -> None:

@@ -83,15 +83,23 @@ def test_suite_tasks_expand_presets_and_name_unknown_tasks() -> None:
 
 def test_annotate_frames_draws_text_and_a_progress_bar() -> None:
     frames = np.full((3, 64, 96, 3), 128, np.uint8)
-    out = annotate_frames(frames, "push the red block", [0.5, 1.0])  # per step: first frame 0
+    out = annotate_frames(frames, "push the red block", [0.5, 1.0], min_height=64)
     assert out.shape == frames.shape and (frames == 128).all()  # the input is left alone
     bottom = out[:, -1, :, 1]
-    assert (bottom[0] < 128).all()  # progress 0: the bar is empty (darkened)
+    assert (bottom[0] < 128).all()  # progress 0 (per step: the first frame shows 0): empty bar
     assert (bottom[1, :48] == 200).all() and (bottom[1, 48:] < 128).all()  # half full
     assert (bottom[2] == 200).all()
     assert (out[:, 2:8] != 128).any()  # the instruction's band and text
     with pytest.raises(ValueError, match="progress has 5 values for 3 frames"):
         annotate_frames(frames, "x", [0.1] * 5)
+
+
+def test_annotate_frames_enlarges_small_frames_by_a_whole_factor() -> None:
+    frames = np.zeros((2, 64, 96, 3), np.uint8)
+    frames[:, 40:, :, 0] = 255  # a red lower part survives the nearest-neighbour enlargement
+    out = annotate_frames(frames, "reach", min_height=160)
+    assert out.shape == (2, 192, 288, 3)  # 64 -> 3 x 64 >= 160
+    assert (out[:, 120:, :, 0] == 255).all() and (out[:, 120:, :, 1:] == 0).all()
 
 
 def test_capture_records_the_rendered_frames_of_the_first_episodes() -> None:
@@ -158,7 +166,7 @@ def test_eval_expert_and_random_write_a_complete_report(tmp_path: Path, capsys) 
         with av.open(str(video)) as container:
             frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
         length = next(r for r in results["results"] if r["task"] == task)["mean_length"]
-        assert frames[0].shape == (64, 64, 3) and len(frames) > 10
+        assert frames[0].shape == (192, 192, 3) and len(frames) > 10  # 64 px, enlarged x3
         assert length > 0
     assert (run / "report.md").read_text().count("| Push |") == 1
 

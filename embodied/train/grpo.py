@@ -401,7 +401,9 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
 
                 if not kept:  # nothing to learn from: no update, the schedule still advances
                     log["update/skipped"] = 1.0
-                    scheduler.step()
+                    with warnings.catch_warnings():  # torch warns of a step without an update
+                        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
+                        scheduler.step()
                     steps.finish(iteration + 1, log)
                     continue
                 # 4. group-normalised advantages, broadcast to every decision and element
