@@ -185,6 +185,7 @@ def stage_configs(cfg: DemoConfig, task: str, root: Path) -> dict[str, Any]:
         BCConfig, {"seed": cfg.seed, **cfg.bc, "dataset": demos.out, "out": runs, "name": "bc"},
         "in the demo's bc section",
     )  # fmt: skip
+    # policy and reward_model are filled in once the bc and reward stages have saved them
     grpo = config_from(
         GRPOConfig,
         {"seed": cfg.seed, **cfg.grpo, "task": task, "policy": "(bc)", "reward": "learned",
