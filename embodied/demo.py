@@ -215,8 +215,6 @@ def _run_task(
     cfg: DemoConfig, task: str, plan: dict[str, Any], run: RunDir, echo: Any
 ) -> TaskOutcome:
     """The seven stages on one task."""
-    import torch
-
     from embodied.collect import run_collect
     from embodied.label import run_label
     from embodied.policies import Policy
@@ -247,18 +245,16 @@ def _run_task(
 
     stage("eval bc")
     policy = Policy.from_pretrained(Path(runs["bc"]) / "policy").eval()
-    with torch.no_grad():
-        bc_result, curves["BC"] = _evaluate(cfg, run.path, task, policy, reward_model, frames, "bc")
+    bc_result, curves["BC"] = _evaluate(cfg, run.path, task, policy, reward_model, frames, "bc")
     stage("grpo")
     grpo_cfg = plan["grpo"]
     grpo_cfg.policy, grpo_cfg.reward_model = runs["bc"] + "/policy", runs["reward"] + "/model"
     runs["grpo"] = str(train_grpo(grpo_cfg).path)
     stage("eval grpo")
     policy = Policy.from_pretrained(Path(runs["grpo"]) / "policy").eval()
-    with torch.no_grad():
-        grpo_result, curves["GRPO"] = _evaluate(
-            cfg, run.path, task, policy, reward_model, frames, "grpo"
-        )
+    grpo_result, curves["GRPO"] = _evaluate(
+        cfg, run.path, task, policy, reward_model, frames, "grpo"
+    )
     marks.append(("end", time.perf_counter()))
     seconds = {name: end - start for (name, start), (_, end) in itertools.pairwise(marks)}
     return TaskOutcome(task, bc_result, grpo_result, runs, seconds, curves)
