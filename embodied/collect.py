@@ -1,8 +1,9 @@
 """``embodied collect``: vectorized rollouts written to a LeRobot v3 dataset, failures included.
 
 Besides clean expert demonstrations, reward models need failures on purpose: noisy experts
-(``noise``), experts cut off early (``cutoff``: that fraction of episodes is stopped after 30-70%
-of the expert's usual length), and ReWiND-style rewound copies of successful episodes
+(``noise``), experts cut off early (``cutoff``: that fraction of episodes keeps only its first
+30-70% of steps, marked truncated, so the cut falls before success however fast the expert is),
+and ReWiND-style rewound copies of successful episodes
 (``rewind``: played forward, then backward), all labelled as failures with their true stages.
 With ``record="expert"`` the noisy expert's states are kept but each frame's action is the
 clean expert action there (DART, Laskey et al. 2017): demonstrations that show how to recover.
@@ -118,18 +119,17 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
         )
     )
     seeds = [cfg.seed + e for e in range(cfg.episodes)]
-    limit = vec.spec.max_episode_steps if vec.spec is not None else None
-    step_limits = [
-        int(rng.uniform(0.3, 0.7) * (limit or 150)) if rng.random() < cfg.cutoff else None
-        for _ in seeds
-    ]
+    # seed -> fraction of the episode kept, for the episodes that are cut off
+    cut_at = {s: rng.uniform(0.3, 0.7) for s in seeds if rng.random() < cfg.cutoff}
     act = _policy(cfg, vec, rng)
     successes = frames = rewound = 0
     start = time.perf_counter()
     bar = progress(total=cfg.episodes, desc=f"collect {cfg.task}")
     try:
         with writer:
-            for traj in rollout_vector(vec, act, seeds, sims.suite_of(cfg.task), step_limits):
+            for traj in rollout_vector(vec, act, seeds, sims.suite_of(cfg.task)):
+                if traj.seed in cut_at:
+                    traj = cut_off(traj, cut_at[traj.seed])
                 writer.add_episode(traj)
                 successes += traj.success
                 frames += traj.length + 1
@@ -146,6 +146,22 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
     return CollectSummary(
         cfg.episodes, successes, frames, time.perf_counter() - start, rewound, out
     )
+
+
+def cut_off(traj: Any, fraction: float) -> Any:
+    """The episode stopped ``fraction`` of the way to its first success (or its end): the
+    prefix, not successful, truncated at the cut, as if the expert had been stopped there.
+    Measured to the first success because Meta-World episodes run on after it. An episode
+    that succeeds at its first step has no such prefix and is returned as it is."""
+    success = np.asarray(traj.info.get("success", np.zeros(traj.length)), dtype=bool)
+    reached = int(np.argmax(success)) + 1 if success.any() else traj.length
+    if reached < 2:
+        return traj
+    part = traj.slice(0, min(max(int(fraction * reached), 1), reached - 1))
+    part.terminated = np.zeros_like(part.terminated)
+    part.truncated = np.zeros_like(part.truncated)
+    part.truncated[-1] = True
+    return part
 
 
 def _state_names(vec: Any, obs_mode: str) -> dict[str, list[str]]:

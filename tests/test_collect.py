@@ -45,6 +45,49 @@ def test_step_limits_cut_episodes_off_as_failures() -> None:
     assert by_seed[1].metadata["reset_info"]["stage"] == 0
 
 
+def test_cutoff_fails_fast_experts_too(tmp_path) -> None:
+    """The Reach expert succeeds in about 25 of its 80 allowed steps; a cut-off episode must
+    still stop before success, after 30-70% of its own length, and be the clean run's prefix."""
+    from embodied.collect import CollectConfig, run_collect
+    from embodied.datasets import LeRobotDataset
+
+    common = {"task": "Reach", "episodes": 4, "obs_mode": "state", "seed": 7}
+    run_collect(CollectConfig(out=str(tmp_path / "clean"), **common))
+    run_collect(CollectConfig(out=str(tmp_path / "cut"), cutoff=1.0, **common))
+    clean, cut = (LeRobotDataset(tmp_path / name) for name in ("clean", "cut"))
+    clean_rows = {r["seed"]: r for r in clean.episodes_table()}
+    for row in cut.episodes_table():
+        full = clean_rows[row["seed"]]
+        assert full["success"] and not row["success"]
+        assert 0.3 * full["length"] - 1 <= row["length"] <= 0.7 * full["length"]
+        ours = cut.episode_frames(row["episode_index"], keys=["observation.state"])
+        theirs = clean.episode_frames(full["episode_index"], keys=["observation.state"])
+        n = len(ours["observation.state"])
+        np.testing.assert_array_equal(ours["observation.state"], theirs["observation.state"][:n])
+
+
+def test_cutoff_stops_before_the_first_success() -> None:
+    """Meta-World episodes run on after success: the cut is a fraction of the way to it."""
+    from embodied.collect import cut_off
+    from embodied.trajectory import Trajectory
+
+    steps = 30
+    success = np.arange(steps) >= 9  # first success after step 10
+    traj = Trajectory(
+        observations={"agent_pos": np.zeros((steps + 1, 4), np.float32)},
+        actions=np.zeros((steps, 4), np.float32),
+        rewards=np.zeros(steps, np.float32),
+        terminated=np.zeros(steps, bool),
+        truncated=np.eye(1, steps, steps - 1, dtype=bool)[0],
+        success=True,
+        info={"success": success},
+    )
+    for fraction, length in ((0.5, 5), (0.99, 9), (0.01, 1)):
+        part = cut_off(traj, fraction)
+        assert part.length == length and not part.success and not part.info["success"].any()
+        assert part.truncated[-1] and part.truncated.sum() == 1 and not part.terminated.any()
+
+
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory: pytest.TempPathFactory):
     """A small PickPlace dataset with deliberate failures, collected and labelled by the CLI."""
