@@ -77,11 +77,11 @@ def _bc() -> dict[str, Any]:
 
 def _grpo() -> dict[str, Any]:
     return {
-        "iterations": 15,
-        "groups": 4,
-        "group_size": 8,
+        "iterations": 12,
+        "groups": 8,
+        "group_size": 4,
         "max_refills": 0,
-        "policy_overrides": {"min_std": 0.05, "finetune_steps": 3},
+        "policy_overrides": {"min_std": 0.05, "finetune_steps": 10},
         "optim": {"lr": 3e-5, "weight_decay": 0.0, "warmup_steps": 0},
         "eval_episodes": 0,
         "save_every": 5,
@@ -97,7 +97,7 @@ class DemoConfig:
 
     name: str = "demo"
     out: str = "runs"
-    tasks: list[str] = field(default_factory=lambda: ["Reach"])
+    tasks: list[str] = field(default_factory=lambda: ["DrawerOpen"])
     seed: int = 0
     demos: int = 100  # clean expert demonstrations per task, for behaviour cloning
     failures: dict[str, Any] = field(default_factory=_failures)
@@ -469,6 +469,7 @@ def write_report(
                         o.grpo.progress_curves,
                         o.grpo.episode_successes,
                     ),
+                    (f"{o.task} BC: learned", o.learned_curves["BC"], o.bc.episode_successes),
                     (f"{o.task} GRPO: learned", o.learned_curves["GRPO"], o.grpo.episode_successes),
                 ]
             ),  # fmt: skip

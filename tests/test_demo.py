@@ -20,6 +20,7 @@ from embodied.demo import QUICK, DemoConfig
 from embodied.run import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
+TASK = DemoConfig().tasks[0]  # the demo's default task
 TINY = [  # on top of --quick: the smallest run that still goes through every stage
     "demos=4",
     "failures.episodes=4",
@@ -49,14 +50,14 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_demo_runs_every_stage_and_reports_before_and_after(demo_run: tuple[Path, str]) -> None:
     run, stdout = demo_run
     for i, stage in enumerate(("collect", "label", "reward model", "bc", "eval bc", "grpo")):
-        assert f"[Reach] {i + 1}/7 {stage}" in stdout
+        assert f"[{TASK}] {i + 1}/7 {stage}" in stdout
     assert re.search(
-        r"\| Reach \| \d+% \(\d+%-\d+%\) \| \d+% \(\d+%-\d+%\) \| [+-]\d+ points", stdout
+        rf"\| {TASK} \| \d+% \(\d+%-\d+%\) \| \d+% \(\d+%-\d+%\) \| [+-]\d+ points", stdout
     )
     assert f"report: {run / 'report.html'}" in stdout
 
     (task,) = json.loads((run / "results.json").read_text())["tasks"]
-    assert task["task"] == "Reach"
+    assert task["task"] == TASK
     bc, grpo = task["bc"], task["grpo"]
     assert bc["episodes"] == grpo["episodes"] == 4
     assert bc["instructions"] == grpo["instructions"]  # the same held-out seeds before and after
@@ -67,7 +68,7 @@ def test_demo_runs_every_stage_and_reports_before_and_after(demo_run: tuple[Path
     assert (Path(task["runs"]["reward"]) / "model" / "config.json").is_file()
     assert (Path(task["runs"]["bc"]) / "policy" / "config.json").is_file()
     assert (Path(task["runs"]["grpo"]) / "policy" / "config.json").is_file()
-    assert all(Path(p).parent == run / "Reach" for p in task["runs"].values())
+    assert all(Path(p).parent == run / TASK for p in task["runs"].values())
     grpo_metrics = read_metrics(task["runs"]["grpo"])
     assert [m["step"] for m in grpo_metrics if "rollout/success_rate" in m] == [1]
     assert any("monitor/reward_corr" in m for m in grpo_metrics)
@@ -80,7 +81,7 @@ def test_demo_runs_every_stage_and_reports_before_and_after(demo_run: tuple[Path
         assert all(0.0 <= v <= 1.0 for c in curves for v in c)
 
     data = run / "data"
-    assert sorted(p.name for p in data.iterdir()) == ["Reach-demos", "Reach-failures"]
+    assert sorted(p.name for p in data.iterdir()) == [f"{TASK}-demos", f"{TASK}-failures"]
     cfg = load_config(DemoConfig, run / "config.yaml")
     assert cfg.demos == 4 and cfg.grpo["iterations"] == 1
 
@@ -91,12 +92,15 @@ def test_demo_report_has_plots_and_playable_videos(demo_run: tuple[Path, str]) -
     assert page.count("data:image/png;base64,") == 4  # success, learning curves, progress, monitor
     assert "intervals separate" in page and "Reward-hacking monitor" in page
     videos = re.findall(r'<video src="([^"]+)"', page)
-    assert videos == ["videos/bc-Reach-100000.mp4", "videos/grpo-Reach-100000.mp4"]
+    assert videos == [f"videos/bc-{TASK}-100000.mp4", f"videos/grpo-{TASK}-100000.mp4"]
     for video in videos:
         with av.open(str(run / video)) as container:
             frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
         assert len(frames) > 5 and frames[0].shape == (192, 192, 3)  # 64 px camera, enlarged
-    for png in ("success.png", "Reach-curves.png", "Reach-progress.png", "Reach-monitor.png"):
+    for png in (
+        "success.png",
+        *(f"{TASK}-{kind}.png" for kind in ("curves", "progress", "monitor")),
+    ):
         assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
