@@ -233,6 +233,7 @@ class DrawerOpen(Task):
     templates = ("open the drawer", "pull the drawer open", "pull out the drawer")
     keep_clear_of_drawer_path = True
     OPEN = 0.1  # metres pulled out that count as open (the drawer travels 0.16)
+    PULLED = 0.02  # metres out from which the drawer counts as being pulled
 
     def all_goals(self) -> list[Goal]:
         return [{}]
@@ -244,7 +245,9 @@ class DrawerOpen(Task):
         opening, hook, ee = scene.drawer_opening(), scene.hook_pos(), scene.ee_pos()
         success = opening >= self.OPEN
         hooked = xy_dist(ee, hook) < 0.025 and ee[2] < hook[2] + 0.03
-        if success or (hooked and opening > 0.02):
+        # Once the drawer is out, it stays pulled (stage and progress do not fall back to
+        # "approach" when the hand leads or leaves the handle mid-pull).
+        if success or opening > self.PULLED:
             stage = 2
         elif hooked:
             stage = 1

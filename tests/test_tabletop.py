@@ -271,6 +271,20 @@ def test_drawer_open_stages(state_env):
         assert infos[-1]["success"]
 
 
+@pytest.mark.parametrize("state_env", ["DrawerOpen"], indirect=True)
+def test_a_half_open_drawer_stays_pulled_after_the_hand_lets_go(state_env):
+    env = state_env.unwrapped
+    obs, _ = state_env.reset(seed=0)
+    expert = sims.make_expert(state_env)
+    while env.scene.drawer_opening() < 0.05:  # pull it half way with the expert
+        obs, _, _, _, info = state_env.step(expert(obs))
+    up = np.array([0.0, 0.0, 1.0, 1.0], dtype=np.float32)
+    for _ in range(5):  # then lift the hand off the handle
+        obs, _, _, _, info = state_env.step(up)
+    assert env.scene.drawer_opening() > 0.02 and not info["success"]
+    assert info["stage"] == 2 and info["stage_name"] == "pull"
+
+
 # --- 6. Collisions --------------------------------------------------------------------------------
 @pytest.mark.parametrize("state_env", ["PickPlace"], indirect=True)
 def test_touching_the_wrong_block_counts_as_collision(state_env):
