@@ -106,7 +106,7 @@ class DemoConfig:
     grpo: dict[str, Any] = field(default_factory=_grpo)
     eval_episodes: int = 100  # held-out seeds, the same before and after GRPO
     eval_seed: int = 100_000
-    eval_envs: int = 10  # sub-envs stepped together, one batched policy call
+    eval_envs: int = 50  # sub-envs stepped together, one batched policy call
     videos: int = 2  # per task and policy
     fps: int = 8
 
