@@ -389,7 +389,7 @@ def learning_curves_plot(outcome: TaskOutcome) -> bytes:
 
 def monitor_plot(outcome: TaskOutcome) -> bytes:
     """The reward-hacking monitor: learned vs privileged progress on each GRPO iteration's
-    rollouts (their correlation, and both means)."""
+    rollouts (their per-step correlation, and both mean final values)."""
     from embodied.report import _pyplot, figure_png
 
     plt = _pyplot()
@@ -399,7 +399,7 @@ def monitor_plot(outcome: TaskOutcome) -> bytes:
     axes[0].plot(steps, [r["monitor/reward_corr"] for r in grpo], "o-")
     axes[0].set_ylim(-1.05, 1.05)
     axes[0].axhline(0, color="grey", lw=0.5)
-    axes[0].set_title("corr(learned, privileged) final progress", fontsize=9)
+    axes[0].set_title("corr(learned, privileged) progress, every step", fontsize=9)
     axes[0].set_xlabel("iteration")
     axes[1].plot(steps, [r["monitor/learned_final_progress"] for r in grpo], "o-", label="learned")
     axes[1].plot(

@@ -22,6 +22,7 @@ from embodied.train.grpo import (
     grpo_loss,
     holder_mean,
     kl_k3,
+    reward_correlation,
     train_grpo,
 )
 from embodied.train.online import check_ratio, collect_decisions, element_log_probs, rollout_groups
@@ -145,6 +146,18 @@ def _policies():
         hidden_size=32, text_layers=1, text_heads=2, text_intermediate_size=64,
     )  # fmt: skip
     return {"mlp": mlp, "diffusion": diffusion, "flow": flow, "vla": vla}  # built fresh each time
+
+
+def test_monitor_tracks_curves_when_every_rollout_succeeds() -> None:
+    """All rollouts succeed (final privileged progress constant): the per-step correlation still
+    says whether the learned reward rises with the task, where final values would be NaN."""
+    rising = [np.linspace(0, 1, n) for n in (20, 30, 25)]
+    tracking = [np.clip(c + 0.05 * np.sin(7 * c), 0, 1) for c in rising]
+    assert reward_correlation(tracking, rising) > 0.95
+    assert reward_correlation([c[::-1] for c in rising], rising) < -0.95  # a reward that falls
+    hacked = [np.full_like(c, 0.9) for c in rising[:2]] + [rising[2]]
+    assert reward_correlation(hacked, rising) < 0.5  # high from the start, whatever happens
+    assert math.isnan(reward_correlation([np.ones(3)], [np.linspace(0, 1, 3)]))
 
 
 @pytest.mark.parametrize("kind", ["mlp", "diffusion", "flow", "vla"])

@@ -111,7 +111,7 @@ class GRPOConfig:
     eval_episodes: int = 20
     eval_seed: int = 100_000
     eval_sampled: bool = False  # also evaluate the sampling policy (what the update optimises)
-    monitor_warn: float = 0.3  # warn when the learned/privileged reward correlation falls below
+    monitor_warn: float = 0.3  # warn when the learned/privileged per-step correlation falls below
     save_every: int = 5
     device: str = "auto"
     resume: str = ""
@@ -291,6 +291,13 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(x, y)[0, 1])
 
 
+def reward_correlation(learned: list[np.ndarray], privileged: list[np.ndarray]) -> float:
+    """Pearson correlation of learned and privileged progress over every step of every rollout.
+    Per step rather than per final value: when nearly every rollout succeeds, final privileged
+    progress is constant and its correlation is noise, while the curves still rise together."""
+    return pearson(np.concatenate(learned), np.concatenate(privileged))
+
+
 def train_grpo(cfg: GRPOConfig) -> RunDir:
     """Run GRPO; return the run directory (final policy in ``policy/``)."""
 
@@ -383,12 +390,15 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     log["rollout/env_errors"] = float(errors)
                 # reward-hacking monitor: learned reward vs privileged progress on these rollouts
                 if reward_model is not None:  # the rounds' scores, not scored again
-                    final_l = np.array([c[-1] for c in all_curves])
-                    final_p = np.array([privileged_progress(t)[-1] for t in all_trajs])
-                    corr = pearson(final_l, final_p)
+                    privileged = [privileged_progress(t) for t in all_trajs]
+                    corr = reward_correlation(all_curves, privileged)
                     log["monitor/reward_corr"] = corr
-                    log["monitor/learned_final_progress"] = float(final_l.mean())
-                    log["monitor/privileged_final_progress"] = float(final_p.mean())
+                    log["monitor/learned_final_progress"] = float(
+                        np.mean([c[-1] for c in all_curves])
+                    )
+                    log["monitor/privileged_final_progress"] = float(
+                        np.mean([c[-1] for c in privileged])
+                    )
                     if np.isfinite(corr):
                         first_corr = corr if first_corr is None else first_corr
                         if corr < cfg.monitor_warn or corr < first_corr - 0.3:
