@@ -371,6 +371,9 @@ def label_trajectories(
     and each rewound frame gets the label of the forward frame it shows, so the labels retrace
     their way down. (``procedure_labels`` on the raw rewound sequence would only drop where the
     stage drops, since visual change has no direction.) Time labels stay naive for every episode.
+
+    Trajectories of several tasks (``Trajectory.task``) are labelled task by task: stage counts,
+    budgets and typical change are per task (a Reach episode has one stage, a PickPlace one five).
     """
     trajs = list(trajs)
     if method == "time":
@@ -379,13 +382,29 @@ def label_trajectories(
         raise ValueError(f"label method must be 'procedure' or 'time', got {method!r}")
     if not trajs:
         return []
+    tasks = list(dict.fromkeys(t.task for t in trajs))
+    if len(tasks) > 1:
+        labels_by_index: dict[int, np.ndarray] = {}
+        for task in tasks:
+            members = [i for i, t in enumerate(trajs) if t.task == task]
+            group = label_trajectories(
+                [trajs[i] for i in members],
+                method,
+                n_stages,
+                frames_key,
+                camera,
+                budgets,
+                change_method,
+            )
+            labels_by_index.update(zip(members, group, strict=True))
+        return [labels_by_index[i] for i in range(len(trajs))]
 
     successful = [index for index, t in enumerate(trajs) if t.success]
     if budgets is None and not successful:
         raise ValueError(
             "procedure labels need at least one successful trajectory to set the stage budgets "
-            f"(none of the {len(trajs)} succeeded); pass budgets= (e.g. stage_budgets(..., "
-            "method='uniform')) to label failures alone"
+            f"(none of the {len(trajs)} {tasks[0] or 'unnamed-task'} trajectories succeeded); "
+            "pass budgets= (e.g. stage_budgets(..., method='uniform')) to label failures alone"
         )
     stages = [observation_stages(t) for t in trajs]
     if n_stages is None:

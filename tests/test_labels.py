@@ -174,6 +174,23 @@ def test_expert_voc_average_over_tasks(experts):
     assert time["mean"] == pytest.approx(1.0)
 
 
+def test_mixed_task_datasets_are_labelled_task_by_task(experts, pick_failures):
+    # PickPlace has five stages and Push two: pooled budgets would stretch Push's two stages over
+    # PickPlace's durations (and a Push failure would be scored on PickPlace's stage scale).
+    push_failure = experts["Push"][0].slice(0, 12)
+    mixed = [experts["Push"][1], pick_failures[1], experts["PickPlace"][0], push_failure]
+    for traj in experts["PickPlace"][1:] + experts["Push"][2:]:
+        mixed.append(traj)
+    labels = label_trajectories(mixed)
+    for task in ("PickPlace", "Push"):
+        members = [i for i, t in enumerate(mixed) if t.task == task]
+        alone = label_trajectories([mixed[i] for i in members])
+        for i, expected in zip(members, alone, strict=True):
+            np.testing.assert_array_equal(labels[i], expected)
+    with pytest.raises(ValueError, match="PickPlace"):
+        label_trajectories([experts["Push"][0], *pick_failures])
+
+
 @pytest.mark.parametrize("change_method", ["diff", "flow"])
 def test_pause_is_flat_for_procedure_labels_but_not_for_time(experts, change_method):
     traj = experts["PickPlace"][0]
