@@ -209,6 +209,19 @@ def _cmd_bench_collect(args: argparse.Namespace) -> int:
     return _print_rows(rows, args.json)
 
 
+def _cmd_bench_dataset(args: argparse.Namespace) -> int:
+    from embodied.bench import bench_dataset
+
+    rows = bench_dataset(
+        task=args.task,
+        episodes=args.episodes,
+        image_size=args.image_size,
+        repeats=args.repeats,
+        progress=_bench_note(args),
+    )
+    return _print_rows(rows, args.json)
+
+
 def _cmd_bench_policy(args: argparse.Namespace) -> int:
     from embodied.bench import bench_policy
 
@@ -262,6 +275,7 @@ def _cmd_bench_all(args: argparse.Namespace) -> int:
     tables = {
         "sim": lambda: bench.bench_sim(resolutions=(64, 128), steps=200, repeats=3, progress=note),
         "collect": lambda: bench.bench_collect(episodes=4, repeats=2, progress=note),
+        "dataset": lambda: bench.bench_dataset(episodes=4, repeats=3, progress=note),
         "policy": lambda: bench.bench_policy(decisions=3, repeats=3, progress=note),
         "reward": lambda: bench.bench_reward(frames=50, repeats=3, progress=note),
         "rollout": lambda: bench.bench_rollout(episodes=4, repeats=2, progress=note),
@@ -402,6 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
     coll.add_argument("--image-size", type=int, default=96)
     coll.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
     coll.set_defaults(func=_cmd_bench_collect)
+    data = bench_sub.add_parser("dataset", help="LeRobot dataset reads vs raw video decode")
+    data.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    data.add_argument("--task", default="PickPlace")
+    data.add_argument("--episodes", type=int, default=8, help="episodes collected and read")
+    data.add_argument("--image-size", type=int, default=64)
+    data.add_argument("--repeats", type=int, default=3, help="timed reads per figure (median)")
+    data.set_defaults(func=_cmd_bench_dataset)
     pol = bench_sub.add_parser("policy", help="policy sampling: decisions/s and actions/s")
     pol.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pol.add_argument("--image-size", type=int, default=64)

@@ -167,6 +167,19 @@ def test_bench_collect_reports_throughput_against_one_worker(capsys) -> None:
     assert row["episodes_per_min"] > 0 and row["frames_per_s"] > row["episodes_per_min"] / 60
 
 
+def test_bench_dataset_reports_reads_against_raw_video_decode(capsys) -> None:
+    from embodied.cli import main
+
+    args = ["bench", "dataset", "--task", "Reach", "--episodes", "2", "--image-size", "32"]
+    assert main([*args, "--repeats", "1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["read"] for r in rows] == ["every feature", "camera only"]
+    for row in rows:
+        assert row["baseline"] == "raw mp4 decode (no colour conversion)"
+        assert row["frames_per_s"] > row["episodes_per_s"] > 0
+        assert row["ratio"] == pytest.approx(row["baseline_frames_per_s"] / row["frames_per_s"])
+
+
 def test_suite_and_eval_env_options_follow_the_dataset() -> None:
     from embodied.evaluate import env_kwargs_for_features
 
