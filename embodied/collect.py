@@ -44,6 +44,9 @@ class CollectConfig:
     lossless: bool = False
     fps: int = 16
     goal_cycle: bool = False  # tabletop: seed s = layout s // G with goal s % G (every goal)
+    # End an episode at its first success (the tabletop default; Meta-World would run on to 500
+    # steps and may undo the success, which then no longer counts for the episode).
+    terminate_on_success: bool = True
 
 
 @dataclass
@@ -100,7 +103,12 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
 
     check_config(cfg)
     rng = np.random.default_rng(cfg.seed)
-    env_kwargs = {"obs_mode": cfg.obs_mode, "image_size": cfg.image_size, "cameras": cfg.cameras}
+    env_kwargs = {
+        "obs_mode": cfg.obs_mode,
+        "image_size": cfg.image_size,
+        "cameras": cfg.cameras,
+        "terminate_on_success": cfg.terminate_on_success,
+    }
     if cfg.task.startswith("metaworld/"):
         env_kwargs.pop("cameras")  # Meta-World has its own camera names and default
         if cfg.goal_cycle:

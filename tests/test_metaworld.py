@@ -229,3 +229,18 @@ def test_eval_of_the_scripted_expert_and_random_actions_on_metaworld(tmp_path: P
     assert (run.path / expert.videos[0]).stat().st_size > 0
     _, (random,) = run_eval(EvalConfig(policy="random", videos=0, **common))
     assert random.success_rate <= expert.success_rate and random.mean_length > expert.mean_length
+
+
+def test_collect_ends_metaworld_episodes_at_the_first_success(tmp_path: Path) -> None:
+    from embodied.collect import CollectConfig, run_collect
+    from embodied.datasets import LeRobotDataset
+
+    common = {"task": "metaworld/reach-v3", "episodes": 2, "obs_mode": "state"}
+    run_collect(CollectConfig(out=str(tmp_path / "ended"), **common))
+    ended = LeRobotDataset(tmp_path / "ended")
+    assert ended.episode_success().all() and max(ended.episode_lengths()) < 500
+    for episode in range(ended.num_episodes):  # success at the last frame only
+        success = ended.episode_frames(episode, keys=["success"])["success"]
+        assert success[-1] and not success[:-1].any()
+    run_collect(CollectConfig(out=str(tmp_path / "full"), terminate_on_success=False, **common))
+    assert LeRobotDataset(tmp_path / "full").episode_lengths().tolist() == [500, 500]
