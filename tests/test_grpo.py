@@ -285,5 +285,5 @@ def test_shipped_config_loads_with_the_command_line_overrides() -> None:
     config = Path(__file__).parents[1] / "configs" / "grpo_pickplace.yaml"
     args = build_parser().parse_args(["train", "grpo", str(config), "policy=p", "reward=success"])
     cfg = load_config(GRPOConfig, args.config, args.overrides)
-    assert (cfg.policy, cfg.reward, cfg.task, cfg.group_size) == ("p", "success", "PickPlace", 8)
-    assert cfg.policy_overrides == {"min_std": 0.1, "finetune_steps": 3}
+    assert (cfg.policy, cfg.reward, cfg.task, cfg.group_size) == ("p", "success", "PickPlace", 4)
+    assert cfg.policy_overrides == {"min_std": 0.05, "finetune_steps": 10}
