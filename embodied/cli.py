@@ -181,87 +181,20 @@ def _print_rows(rows: list, as_json: bool) -> int:
     return 0
 
 
-def _cmd_bench_sim(args: argparse.Namespace) -> int:
-    from embodied.bench import bench_sim
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Run ``embodied.bench.<args.bench_function>`` with the command-line options of the same
+    names (lists become tuples where the function's default is a tuple)."""
+    import inspect
 
-    rows = bench_sim(
-        tasks=args.tasks,
-        resolutions=tuple(args.resolutions),
-        steps=args.steps,
-        repeats=args.repeats,
-        metaworld=not args.no_metaworld,
-        progress=_bench_note(args),
-    )
-    return _print_rows(rows, args.json)
+    from embodied import bench
 
-
-def _cmd_bench_collect(args: argparse.Namespace) -> int:
-    from embodied.bench import bench_collect
-
-    rows = bench_collect(
-        task=args.task,
-        workers=tuple(args.workers),
-        episodes=args.episodes,
-        image_size=args.image_size,
-        repeats=args.repeats,
-        progress=_bench_note(args),
-    )
-    return _print_rows(rows, args.json)
-
-
-def _cmd_bench_dataset(args: argparse.Namespace) -> int:
-    from embodied.bench import bench_dataset
-
-    rows = bench_dataset(
-        task=args.task,
-        episodes=args.episodes,
-        image_size=args.image_size,
-        repeats=args.repeats,
-        progress=_bench_note(args),
-    )
-    return _print_rows(rows, args.json)
-
-
-def _cmd_bench_policy(args: argparse.Namespace) -> int:
-    from embodied.bench import bench_policy
-
-    rows = bench_policy(
-        image_size=args.image_size,
-        batches=tuple(args.batches),
-        decisions=args.decisions,
-        repeats=args.repeats,
-        policy_dirs=tuple(args.policy),
-        progress=_bench_note(args),
-    )
-    return _print_rows(rows, args.json)
-
-
-def _cmd_bench_reward(args: argparse.Namespace) -> int:
-    from embodied.bench import bench_reward
-
-    rows = bench_reward(
-        image_size=args.image_size,
-        batches=tuple(args.batches),
-        frames=args.frames,
-        repeats=args.repeats,
-        model_dirs=tuple(args.model),
-        progress=_bench_note(args),
-    )
-    return _print_rows(rows, args.json)
-
-
-def _cmd_bench_rollout(args: argparse.Namespace) -> int:
-    from embodied.bench import bench_rollout
-
-    rows = bench_rollout(
-        task=args.task,
-        envs=args.envs,
-        episodes=args.episodes,
-        repeats=args.repeats,
-        ray_workers=args.ray_workers,
-        progress=_bench_note(args),
-    )
-    return _print_rows(rows, args.json)
+    run = getattr(bench, args.bench_function)
+    kwargs = {}
+    for name, param in inspect.signature(run).parameters.items():
+        if name != "progress":
+            value = getattr(args, name)
+            kwargs[name] = tuple(value) if isinstance(param.default, tuple) else value
+    return _print_rows(run(**kwargs, progress=_bench_note(args)), args.json)
 
 
 def _cmd_bench_all(args: argparse.Namespace) -> int:
@@ -406,8 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--resolutions", nargs="+", type=int, default=[64, 96, 128, 224])
     sim.add_argument("--steps", type=int, default=300, help="env steps per timed run")
     sim.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
-    sim.add_argument("--no-metaworld", action="store_true", help="skip Meta-World rows")
-    sim.set_defaults(func=_cmd_bench_sim)
+    sim.add_argument(
+        "--no-metaworld", dest="metaworld", action="store_false", help="skip Meta-World rows"
+    )
+    sim.set_defaults(func=_cmd_bench, bench_function="bench_sim")
     coll = bench_sub.add_parser("collect", help="collection episodes/min and frames/s per worker")
     coll.add_argument("--json", action="store_true", help="print JSON instead of a table")
     coll.add_argument("--task", default="PickPlace")
@@ -415,30 +350,34 @@ def build_parser() -> argparse.ArgumentParser:
     coll.add_argument("--episodes", type=int, default=8, help="episodes per timed run")
     coll.add_argument("--image-size", type=int, default=96)
     coll.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
-    coll.set_defaults(func=_cmd_bench_collect)
+    coll.set_defaults(func=_cmd_bench, bench_function="bench_collect")
     data = bench_sub.add_parser("dataset", help="LeRobot dataset reads vs raw video decode")
     data.add_argument("--json", action="store_true", help="print JSON instead of a table")
     data.add_argument("--task", default="PickPlace")
     data.add_argument("--episodes", type=int, default=8, help="episodes collected and read")
     data.add_argument("--image-size", type=int, default=64)
     data.add_argument("--repeats", type=int, default=3, help="timed reads per figure (median)")
-    data.set_defaults(func=_cmd_bench_dataset)
+    data.set_defaults(func=_cmd_bench, bench_function="bench_dataset")
     pol = bench_sub.add_parser("policy", help="policy sampling: decisions/s and actions/s")
     pol.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pol.add_argument("--image-size", type=int, default=64)
     pol.add_argument("--batches", nargs="+", type=int, default=[1, 16])
     pol.add_argument("--decisions", type=int, default=5, help="act() calls per timed run")
     pol.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
-    pol.add_argument("--policy", nargs="*", default=[], help="saved policy dirs to add")
-    pol.set_defaults(func=_cmd_bench_policy)
+    pol.add_argument(
+        "--policy", dest="policy_dirs", nargs="*", default=[], help="saved policy dirs to add"
+    )
+    pol.set_defaults(func=_cmd_bench, bench_function="bench_policy")
     rew = bench_sub.add_parser("reward", help="reward-model scoring frames/s, batched vs one clip")
     rew.add_argument("--json", action="store_true", help="print JSON instead of a table")
     rew.add_argument("--image-size", type=int, default=64)
     rew.add_argument("--batches", nargs="+", type=int, default=[1, 16])
     rew.add_argument("--frames", type=int, default=100, help="frames per clip (a rollout)")
     rew.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
-    rew.add_argument("--model", nargs="*", default=[], help="saved reward model dirs to add")
-    rew.set_defaults(func=_cmd_bench_reward)
+    rew.add_argument(
+        "--model", dest="model_dirs", nargs="*", default=[], help="saved reward model dirs to add"
+    )
+    rew.set_defaults(func=_cmd_bench, bench_function="bench_reward")
     rol = bench_sub.add_parser("rollout", help="GRPO-style rollouts: sync vs async vs Ray")
     rol.add_argument("--json", action="store_true", help="print JSON instead of a table")
     rol.add_argument("--task", default="PickPlace")
@@ -446,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     rol.add_argument("--episodes", type=int, default=8, help="episodes per timed run")
     rol.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
     rol.add_argument("--ray-workers", type=int, default=2, help="Ray actors (when installed)")
-    rol.set_defaults(func=_cmd_bench_rollout)
+    rol.set_defaults(func=_cmd_bench, bench_function="bench_rollout")
     every = bench_sub.add_parser("all", help="every table above, at quick settings")
     every.add_argument("--json", action="store_true", help="print JSON instead of tables")
     every.set_defaults(func=_cmd_bench_all)
