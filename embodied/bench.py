@@ -16,8 +16,16 @@ from typing import Any
 import numpy as np
 
 
+class _Row:
+    """A bench table row (the dataclasses below): ``as_dict`` gives it to JSON and the table."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON output."""
+        return asdict(self)  # subclasses are dataclasses
+
+
 @dataclass
-class BenchRow:
+class BenchRow(_Row):
     """One measured figure and the baseline it is compared against."""
 
     suite: str
@@ -27,10 +35,6 @@ class BenchRow:
     baseline: str
     baseline_steps_per_s: float
     ratio: float  # time per env step / time per baseline step (1.0 = no overhead)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON output."""
-        return asdict(self)
 
 
 def _median_rate(run: Any, steps: int, repeats: int) -> float:
@@ -165,7 +169,7 @@ def _metaworld_available() -> bool:
 
 
 @dataclass
-class CollectRow:
+class CollectRow(_Row):
     """Collection throughput with images for one worker count, against one worker."""
 
     task: str
@@ -175,10 +179,6 @@ class CollectRow:
     frames_per_s: float
     baseline: str
     speedup: float  # baseline time / this time (2.0 = twice as fast)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON output."""
-        return asdict(self)
 
 
 def bench_collect(
@@ -224,7 +224,7 @@ def bench_collect(
 
 
 @dataclass
-class DatasetRow:
+class DatasetRow(_Row):
     """Reading a LeRobot dataset's episodes, against decoding the same videos with no colour
     conversion (the decoder's own rate)."""
 
@@ -235,10 +235,6 @@ class DatasetRow:
     baseline: str
     baseline_frames_per_s: float
     ratio: float  # time per frame read / time per frame decoded raw (1.0 = no overhead)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON output."""
-        return asdict(self)
 
 
 def bench_dataset(
@@ -310,7 +306,7 @@ def bench_dataset(
 
 
 @dataclass
-class PolicyRow:
+class PolicyRow(_Row):
     """Sampling speed of one policy at one batch size, against DDIM-10 diffusion at that size."""
 
     policy: str
@@ -319,10 +315,6 @@ class PolicyRow:
     actions_per_s: float  # decisions/s x batch x actions per chunk
     baseline: str
     speedup: float  # this actions/s / baseline actions/s
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON output."""
-        return asdict(self)
 
 
 # (label, policy type, config overrides): the figures issue 4 asks for, at tabletop shapes.
@@ -442,7 +434,7 @@ def bench_policy(
 
 
 @dataclass
-class RewardRow:
+class RewardRow(_Row):
     """Scoring speed of a progress reward model on rollouts, against one clip at a time."""
 
     model: str
@@ -451,10 +443,6 @@ class RewardRow:
     frames_per_s: float
     baseline: str
     speedup: float  # frames/s / baseline frames/s
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON output."""
-        return asdict(self)
 
 
 def bench_reward(
@@ -503,7 +491,7 @@ def bench_reward(
 
 
 @dataclass
-class RolloutRow:
+class RolloutRow(_Row):
     """Rollout throughput of the policy-driven engine on one backend, against a synchronous
     vector env in this process."""
 
@@ -513,10 +501,6 @@ class RolloutRow:
     episodes_per_min: float
     baseline: str
     speedup: float
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON output."""
-        return asdict(self)
 
 
 def bench_rollout(
