@@ -125,7 +125,8 @@ def evaluate_reward(
     label_key: str = "progress.label",
 ) -> list[dict[str, Any]]:
     """One row per method: a saved model directory (plus the same model untrained), ``time``,
-    or ``judge:<local VLM directory>``."""
+    or ``judge:<local VLM directory>``; on a dataset of several tasks also one per method and task
+    (``task`` is "all" on the rows over every episode)."""
     from embodied.datasets import LeRobotDataset
 
     dataset = LeRobotDataset(dataset_dir)
@@ -166,13 +167,19 @@ def evaluate_reward(
             )
     data = [(e, *episode_frames(dataset, e, image_key, label_key, max_frames)) for e in chosen]
     success = {int(r["episode_index"]): bool(r["success"]) for r in table}
+    task_of = {int(r["episode_index"]): str(r["task_name"]) for r in table}
+    tasks = list(dict.fromkeys(task_of[e] for e in chosen))
     rows = []
     for name, scorer in scorers:
         scored = []
         for episode, frames, labels, instruction in data:
             progress, prob, missing = scorer(frames, instruction)
             scored.append(Scored(progress, prob, labels, success[episode], missing))
-        rows.append(summarize(name, scored))
+        rows.append({"method": name, "task": "all", **summarize(name, scored)})
+        if len(tasks) > 1:  # a multi-task dataset: each task's own row as well
+            for task in tasks:
+                mine = [s for (e, *_), s in zip(data, scored, strict=True) if task_of[e] == task]
+                rows.append({"method": name, "task": task, **summarize(name, mine)})
     return rows
 
 

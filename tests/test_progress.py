@@ -426,6 +426,26 @@ def test_bench_reward_reports_batched_scoring_against_one_clip(capsys) -> None:
     assert rows[1]["baseline"] == "progress (default) (batch 1)"
 
 
+def test_eval_reward_gives_each_task_of_a_multi_task_dataset_its_own_row(tmp_path) -> None:
+    from embodied.collect import CollectConfig, run_collect
+    from embodied.datasets import LeRobotDataset
+    from embodied.evaluate_reward import evaluate_reward
+    from embodied.label import run_label
+
+    root = tmp_path / "two-tasks"
+    for task in ("Reach", "ButtonPress"):
+        run_collect(CollectConfig(task=task, episodes=4, out=str(root), image_size=32, cutoff=0.5))
+    run_label(root)
+    table = LeRobotDataset(root).episodes_table()
+    rows = {r["task"]: r for r in evaluate_reward(str(root), ["time"])}
+    assert list(rows) == ["all", "Reach", "ButtonPress"]
+    for task in ("Reach", "ButtonPress"):
+        mine = [r for r in table if r["task_name"] == task]
+        assert rows[task]["episodes"] == len(mine) == 4
+        assert rows[task]["failed"] == sum(not r["success"] for r in mine)
+    assert rows["all"]["episodes"] == 8 and rows["all"]["voc_success_mean"] == pytest.approx(1.0)
+
+
 def test_eval_reward_table_has_the_model_and_its_baselines(labelled_reach, tmp_path, capsys):
     from embodied.cli import main
     from embodied.datasets import LeRobotDataset
