@@ -116,8 +116,9 @@ def _decode_frames(path: Path, start: int, stop: int, fps: int) -> np.ndarray:
 
     Seeks to the keyframe at or before ``start`` and decodes forward; if the seek lands after
     ``start`` (possible with B-frames), decodes from the beginning of the file instead.
-    One reformatter serves every frame: ``frame.to_ndarray(format=...)`` builds a new colour
-    converter per frame, which costs 6 ms on a 64x64 frame against 0.2 ms when reused.
+    One reformatter serves every frame: ``frame.to_ndarray(format=...)`` sets up a new colour
+    converter per frame, which cost 5-6 ms per 64x64 frame in processes that had also collected
+    (torch, MuJoCo and EGL loaded), against about 0.2 ms reused (``embodied bench dataset``).
     """
     to_rgb = VideoReformatter()
     frames: list[np.ndarray] = []
