@@ -272,34 +272,26 @@ def bench_dataset(
                         frame.to_ndarray()  # the decoder's planes, no conversion
 
         def read(keys: list[str] | None) -> Any:
-            def run() -> None:
+            def run(_: int) -> None:
                 for episode in range(dataset.num_episodes):
                     dataset.episode_frames(episode, keys=keys)
 
             return run
 
-        def seconds(run: Any) -> float:
-            run()  # warm-up (opens files, fills the data-table cache)
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                run()
-                times.append(time.perf_counter() - start)
-            return statistics.median(times)
-
-        base = seconds(raw_decode)
+        # Reads of the whole dataset per second (median; a warm-up read opens the files first).
+        base = _median_rate(lambda _: raw_decode(), 1, repeats)
         rows = []
         for label, keys in (("every feature", None), ("camera only", [image_key])):
-            took = seconds(read(keys))
+            rate = _median_rate(read(keys), 1, repeats)
             rows.append(
                 DatasetRow(
                     label,
                     image_size,
-                    dataset.num_episodes / took,
-                    frames / took,
+                    dataset.num_episodes * rate,
+                    frames * rate,
                     "raw mp4 decode (no colour conversion)",
-                    frames / base,
-                    took / base,
+                    frames * base,
+                    base / rate,
                 )
             )
     return rows
