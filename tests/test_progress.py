@@ -376,6 +376,24 @@ def test_split_holds_out_whole_seeds_and_instructions() -> None:
     assert held and all(table[e]["tasks"][0] not in held for e in range(18) if e not in val_text)
 
 
+def test_full_span_clips_are_the_view_episodes_are_scored_at() -> None:
+    from embodied.train.reward import RewardTrainConfig, eval_indices, sample_clip
+
+    last, clip_len = 96, 8
+    spans = [
+        sample_clip(last, last, clip_len, 0.0, np.random.default_rng(s), 1.0) for s in range(50)
+    ]
+    for idx in spans:  # evenly spaced from frame 0 to the (jittered) end, in order
+        assert idx[0] == 0 and len(idx) == clip_len and np.all(np.diff(idx) > 0)
+        assert np.abs(np.diff(idx) - idx[-1] / (clip_len - 1)).max() <= 1.0
+    assert any(np.array_equal(idx, eval_indices(last + 1, clip_len)) for idx in spans)
+    strided = [sample_clip(last, last, clip_len, 0.0, np.random.default_rng(s)) for s in range(50)]
+    covers = [idx[0] == 0 and idx[-1] - idx[-2] >= last // clip_len for idx in strided]
+    assert sum(covers) < 25  # without full_span most clips look at a recent window only
+    with pytest.raises(ValueError, match="full_span"):
+        RewardTrainConfig(dataset="d", full_span=1.5)
+
+
 def test_cli_wires_train_reward(labelled_reach: Path, tmp_path: Path) -> None:
     from embodied.cli import build_parser, main
 

@@ -54,6 +54,9 @@ class RewardTrainConfig:
     clip_len_max: int = 0  # > clip_len: each batch draws its length in [clip_len, clip_len_max]
     clips_per_episode: int = 8
     start_crop: float = 0.3  # probability that a clip starts at a random frame, not frame 0
+    # Probability that a clip's frames are evenly spaced over its whole history (how episodes
+    # are scored: ``eval_indices``), not taken at a random stride back from its end.
+    full_span: float = 0.0
     shift: int = 4  # image augmentation: pixels
     brightness: float = 0.2
     color: float = 0.1
@@ -88,6 +91,8 @@ class RewardTrainConfig:
         for name in ("start_crop", "val_fraction", "val_instruction_fraction"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be a fraction in [0, 1), got {getattr(self, name)}")
+        if not 0.0 <= self.full_span <= 1.0:
+            raise ValueError(f"full_span must be a probability in [0, 1], got {self.full_span}")
         if self.shift < 0 or self.brightness < 0 or self.color < 0:
             raise ValueError("shift, brightness and color must be >= 0")
 
@@ -122,12 +127,22 @@ def split_episodes(
     return train, val
 
 
-def sample_clip(end: int, last: int, clip_len: int, start_crop: float, rng: np.random.Generator):
-    """Frame indices ``[clip_len]`` of a clip ending near ``end`` (jittered, within ``0..last``):
-    a random stride up to what spans the history, starting at 0 unless cropped."""
+def sample_clip(
+    end: int,
+    last: int,
+    clip_len: int,
+    start_crop: float,
+    rng: np.random.Generator,
+    full_span: float = 0.0,
+) -> np.ndarray:
+    """Frame indices ``[clip_len]`` of a clip ending near ``end`` (jittered, within ``0..last``),
+    starting at 0 unless cropped: with probability ``full_span`` evenly spaced from the start to
+    the end (the view ``eval_indices`` scores), else at a random stride up to that spacing."""
     spread = max(1, last // 8)
     end = int(np.clip(end + rng.integers(-spread, spread + 1), 0, last))
     start = int(rng.integers(0, end + 1)) if rng.random() < start_crop else 0
+    if full_span > 0 and rng.random() < full_span:
+        return np.linspace(start, end, clip_len).round().astype(int)
     max_stride = max(1, math.ceil((end - start) / max(clip_len - 1, 1)))
     stride = int(rng.integers(1, max_stride + 1))
     idx = end - stride * np.arange(clip_len)[::-1]
@@ -156,7 +171,7 @@ def make_batch(
         episode, end = clips.index[int(i)]
         columns = clips.cache.frames(episode)
         last = len(columns[clips.label_key]) - 1
-        sel = sample_clip(end, last, length, cfg.start_crop, rng)
+        sel = sample_clip(end, last, length, cfg.start_crop, rng, cfg.full_span)
         frames.append(torch.from_numpy(np.ascontiguousarray(columns[clips.image_key][sel])))
         labels.append(torch.from_numpy(columns[clips.label_key][sel].astype(np.float32)))
         done = columns["success"][sel[-1]] if "success" in columns else sel[-1] == last
