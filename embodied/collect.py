@@ -98,7 +98,7 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
     """Collect ``cfg.episodes`` episodes (seeds ``seed..seed+episodes-1``) into ``cfg.out``."""
     import embodied.sims as sims
     from embodied.datasets import LeRobotDatasetWriter
-    from embodied.rewards.labels import rewind
+    from embodied.rewards.labels import rewind, rewind_split
     from embodied.rollout import rollout_vector
 
     check_config(cfg)
@@ -142,8 +142,7 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
                 successes += traj.success
                 frames += traj.length + 1
                 if traj.success and traj.length > 3 and rng.random() < cfg.rewind:
-                    split = int(rng.integers(traj.length // 3, traj.length + 1))
-                    copy = rewind(traj, split)
+                    copy = rewind(traj, rewind_split(traj.length, rng))
                     writer.add_episode(copy)
                     frames += copy.length + 1
                     rewound += 1

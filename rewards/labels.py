@@ -33,6 +33,8 @@ __all__ = [
     "observation_stages",
     "procedure_labels",
     "rewind",
+    "rewind_order",
+    "rewind_split",
     "stage_budgets",
     "time_labels",
     "trajectory_frames",
@@ -446,32 +448,46 @@ def _mirror_rewind(forward: np.ndarray, rewind_steps: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
-def rewind(traj: Trajectory, split: int, rewind_steps: int | None = None) -> Trajectory:
-    """ReWiND synthetic failure: play ``traj`` forward to observation ``split``, then backward.
+def rewind_split(length: int, rng: np.random.Generator) -> int:
+    """A random ReWiND split of an episode of ``length`` steps: observation ``length // 3`` to the
+    last (``embodied collect --rewind`` and ``train reward rewind=`` draw it so)."""
+    return int(rng.integers(length // 3, length + 1))
 
-    With r = ``rewind_steps`` (default ``max(split // 2, 1)``, at most ``split``) the observations
-    are ``obs[0..split], obs[split-1], ..., obs[split-r]`` (T' = split + r steps). Backward actions
-    are the original actions reversed with the xyz delta negated (``a[:3] *= -1``, gripper kept),
-    assuming the tabletop / Meta-World layout (dx, dy, dz, grip). ``info`` follows the frame shown
-    (``info[t]`` describes observation t+1; for obs[0] it comes from ``reset_info``). Rewards are 0,
-    ``success`` False, ``terminated`` False, ``truncated`` True at the last step; policy outputs are
-    dropped (no policy chose the rewound actions); ``metadata`` gains ``synthetic = "rewind"``,
-    ``rewind_split`` and ``rewind_steps``.
-    """
-    steps = traj.length
-    if not 1 <= split <= steps:
-        raise ValueError(f"rewind split must be in [1, T] = [1, {steps}], got {split}")
+
+def rewind_order(split: int, rewind_steps: int | None = None) -> np.ndarray:
+    """Original observation index shown at each observation of a rewound episode:
+    ``0, 1, ..., split, split - 1, ..., split - r`` with r = ``rewind_steps`` (default
+    ``max(split // 2, 1)``, at most ``split``)."""
+    if split < 1:
+        raise ValueError(f"rewind split must be >= 1, got {split}")
     if rewind_steps is None:
         rewind_steps = max(split // 2, 1)
     if not 1 <= rewind_steps <= split:
         raise ValueError(f"rewind_steps must be in [1, split] = [1, {split}], got {rewind_steps}")
+    return np.concatenate(
+        [np.arange(split + 1), np.arange(split - 1, split - rewind_steps - 1, -1)]
+    )
+
+
+def rewind(traj: Trajectory, split: int, rewind_steps: int | None = None) -> Trajectory:
+    """ReWiND synthetic failure: play ``traj`` forward to observation ``split``, then backward.
+
+    With r = ``rewind_steps`` (default ``max(split // 2, 1)``, at most ``split``) the observations
+    are ``obs[0..split], obs[split-1], ..., obs[split-r]`` (T' = split + r steps; ``rewind_order``).
+    Backward actions are the original actions reversed with the xyz delta negated (``a[:3] *= -1``,
+    gripper kept), assuming the tabletop / Meta-World layout (dx, dy, dz, grip). ``info`` follows
+    the frame shown (``info[t]`` describes observation t+1; for obs[0] it comes from
+    ``reset_info``). Rewards are 0, ``success`` False, ``terminated`` False, ``truncated`` True at
+    the last step; policy outputs are dropped (no policy chose the rewound actions); ``metadata``
+    gains ``synthetic = "rewind"``, ``rewind_split`` and ``rewind_steps``.
+    """
+    steps = traj.length
+    if not 1 <= split <= steps:
+        raise ValueError(f"rewind split must be in [1, T] = [1, {steps}], got {split}")
     if traj.action_dim < 3:
         raise ValueError(f"rewind needs an xyz delta in the actions, got A = {traj.action_dim}")
-
-    # Index of the original observation shown at each new observation index.
-    forward = np.arange(split + 1)
-    backward = np.arange(split - 1, split - rewind_steps - 1, -1)
-    shown = np.concatenate([forward, backward])
+    shown = rewind_order(split, rewind_steps)
+    rewind_steps = len(shown) - 1 - split
     new_steps = len(shown) - 1
 
     def take(value: np.ndarray | dict[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:

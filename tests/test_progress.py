@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -392,6 +393,42 @@ def test_full_span_clips_are_the_view_episodes_are_scored_at() -> None:
     assert sum(covers) < 25  # without full_span most clips look at a recent window only
     with pytest.raises(ValueError, match="full_span"):
         RewardTrainConfig(dataset="d", full_span=1.5)
+
+
+def test_rewind_clips_play_a_success_forward_then_back(labelled_reach: Path, tmp_path) -> None:
+    """``rewind=1``: every clip of a successful episode shows its frames up to a split and then
+    the same frames backwards, with the labels of the frames shown and no success at the end."""
+    from embodied.datasets import LeRobotDataset
+    from embodied.datasets.training import RewardDataset
+    from embodied.train.reward import make_batch
+
+    dataset = LeRobotDataset(labelled_reach)
+    successes = [e for e, ok in enumerate(dataset.episode_success()) if ok]
+    clips = RewardDataset(dataset, clip_len=8, clips_per_episode=4, episodes=successes)
+    cfg = _train_config(labelled_reach, tmp_path, clip_len=8, clip_len_max=0, rewind=1.0)
+    cfg = dataclasses.replace(cfg, full_span=1.0, start_crop=0.0, shift=0, brightness=0, color=0)
+    videos = {e: torch.from_numpy(clips.cache.frames(e)["observation.image"]) for e in successes}
+
+    def where(frame: torch.Tensor, video: torch.Tensor) -> list[int]:
+        return [i for i in range(len(video)) if torch.equal(frame, video[i])]
+
+    turned = 0
+    for step in range(6):
+        batch = make_batch(clips, cfg, step, torch.device("cpu"))
+        for frames, labels, success in zip(
+            batch["frames"], batch["progress"], batch["success"], strict=True
+        ):
+            episode = next(e for e in successes if where(frames[0], videos[e])[:1] == [0])
+            shown = [where(frame, videos[episode])[0] for frame in frames]
+            label = clips.cache.frames(episode)["progress.label"]
+            assert np.allclose(labels.numpy(), label[shown])
+            peak = int(np.argmax(shown))
+            assert np.all(np.diff(shown[: peak + 1]) >= 0) and np.all(np.diff(shown[peak:]) <= 0)
+            turned += shown[-1] < shown[peak]
+            assert not success or shown[-1] == len(videos[episode]) - 1
+    assert turned >= 10  # most clips end on the way back
+    with pytest.raises(ValueError, match="rewind"):
+        _train_config(labelled_reach, tmp_path, rewind=-0.1)
 
 
 def test_cli_wires_train_reward(labelled_reach: Path, tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ seed, rewound copies included, go to one side) and, optionally, held-out instruc
 model (vocabulary from the dataset's instructions, image size from its camera) -> AdamW + cosine
 -> each step, a batch of clips that is a pure function of (seed, step), so ``resume`` continues
 exactly: a prefix clip from ``RewardDataset``'s index, its end jittered, a random stride and
-sometimes a random start (so the model sees histories of every length and spacing), then image
+sometimes a random start (so the model sees histories of every length and spacing), sometimes
+(``rewind``) cut from a successful episode played forward and back (ReWiND), then image
 augmentation (a shift of a few pixels, brightness and colour jitter) -> periodic validation on
 whole held-out episodes: VOC on successes, success AUROC of the final progress, MAE vs the label
 -> checkpoints -> the final model via ``save_pretrained`` in ``run_dir/model``.
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from embodied.rewards.labels import rewind_order, rewind_split
 from embodied.rewards.progress import ProgressConfig, ProgressRewardModel, augment_frames
 from embodied.run import RunDir, progress, seed_everything
 from embodied.train.common import (
@@ -57,6 +59,10 @@ class RewardTrainConfig:
     # Probability that a clip's frames are evenly spaced over its whole history (how episodes
     # are scored: ``eval_indices``), not taken at a random stride back from its end.
     full_span: float = 0.0
+    # ReWiND on the fly: probability that a clip of a successful episode is cut from it played
+    # forward to a random split and then back (labels follow the frames shown), a failure whose
+    # last frame only its history can tell apart from the way up.
+    rewind: float = 0.0
     shift: int = 4  # image augmentation: pixels
     brightness: float = 0.2
     color: float = 0.1
@@ -91,8 +97,11 @@ class RewardTrainConfig:
         for name in ("start_crop", "val_fraction", "val_instruction_fraction"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be a fraction in [0, 1), got {getattr(self, name)}")
-        if not 0.0 <= self.full_span <= 1.0:
-            raise ValueError(f"full_span must be a probability in [0, 1], got {self.full_span}")
+        for name in ("full_span", "rewind"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(
+                    f"{name} must be a probability in [0, 1], got {getattr(self, name)}"
+                )
         if self.shift < 0 or self.brightness < 0 or self.color < 0:
             raise ValueError("shift, brightness and color must be >= 0")
 
@@ -171,7 +180,14 @@ def make_batch(
         episode, end = clips.index[int(i)]
         columns = clips.cache.frames(episode)
         last = len(columns[clips.label_key]) - 1
-        sel = sample_clip(end, last, length, cfg.start_crop, rng, cfg.full_span)
+        if cfg.rewind > 0 and clips.success[episode] and last > 3 and rng.random() < cfg.rewind:
+            shown = rewind_order(rewind_split(last, rng))  # original frame at each rewound step
+            end = round(end * (len(shown) - 1) / last)
+            sel = shown[
+                sample_clip(end, len(shown) - 1, length, cfg.start_crop, rng, cfg.full_span)
+            ]
+        else:
+            sel = sample_clip(end, last, length, cfg.start_crop, rng, cfg.full_span)
         frames.append(torch.from_numpy(np.ascontiguousarray(columns[clips.image_key][sel])))
         labels.append(torch.from_numpy(columns[clips.label_key][sel].astype(np.float32)))
         done = columns["success"][sel[-1]] if "success" in columns else sel[-1] == last
