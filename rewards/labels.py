@@ -430,17 +430,10 @@ def label_trajectories(
         if t.metadata.get("synthetic") == "rewind":
             split = int(t.metadata["rewind_split"])
             forward = procedure_labels(s[: split + 1], c[: split + 1], False, budgets, typical)
-            labels.append(_mirror_rewind(forward, rewind_steps=len(s) - 1 - split))
+            labels.append(forward[rewind_order(split, rewind_steps=len(s) - 1 - split)])
         else:
             labels.append(procedure_labels(s, c, bool(t.success), budgets, typical))
     return labels
-
-
-def _mirror_rewind(forward: np.ndarray, rewind_steps: int) -> np.ndarray:
-    """Rewound labels: ``forward`` (obs 0..split), then forward[split-1], forward[split-2], ..."""
-    split = len(forward) - 1
-    backward = forward[split - rewind_steps : split][::-1]
-    return np.concatenate([forward, backward])
 
 
 # ---------------------------------------------------------------------------------------------
