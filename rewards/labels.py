@@ -491,7 +491,7 @@ def rewind(traj: Trajectory, split: int, rewind_steps: int | None = None) -> Tra
     observations = {key: take(value) for key, value in traj.observations.items()}
 
     # Backward step j undoes original step split-1-j, which moved obs[split-1-j] -> obs[split-j].
-    undone = np.arange(split - 1, split - rewind_steps - 1, -1)
+    undone = shown[split + 1 :]  # the observation each backward step returns to
     backward_actions = np.array(traj.actions[undone])
     backward_actions[:, :3] *= -1.0
     actions = np.concatenate([traj.actions[:split], backward_actions]).astype(traj.actions.dtype)
