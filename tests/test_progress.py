@@ -397,7 +397,8 @@ def test_full_span_clips_are_the_view_episodes_are_scored_at() -> None:
 
 def test_rewind_clips_play_a_success_forward_then_back(labelled_reach: Path, tmp_path) -> None:
     """``rewind=1``: every clip of a successful episode shows its frames up to a split and then
-    the same frames backwards, with the labels of the frames shown and no success at the end."""
+    the same frames backwards, ending on the way back, with the labels of the frames shown and no
+    success at the end."""
     from embodied.datasets import LeRobotDataset
     from embodied.datasets.training import RewardDataset
     from embodied.train.reward import make_batch
@@ -412,7 +413,7 @@ def test_rewind_clips_play_a_success_forward_then_back(labelled_reach: Path, tmp
     def where(frame: torch.Tensor, video: torch.Tensor) -> list[int]:
         return [i for i in range(len(video)) if torch.equal(frame, video[i])]
 
-    turned = 0
+    turned = total = 0
     for step in range(6):
         batch = make_batch(clips, cfg, step, torch.device("cpu"))
         for frames, labels, success in zip(
@@ -425,8 +426,11 @@ def test_rewind_clips_play_a_success_forward_then_back(labelled_reach: Path, tmp
             peak = int(np.argmax(shown))
             assert np.all(np.diff(shown[: peak + 1]) >= 0) and np.all(np.diff(shown[peak:]) <= 0)
             turned += shown[-1] < shown[peak]
-            assert not success or shown[-1] == len(videos[episode]) - 1
-    assert turned >= 10  # most clips end on the way back
+            total += 1
+            assert not success
+    # Every clip ends after the split; only when the spaced frames skip it can the last frame
+    # shown equal the peak (before clips ended on the way back, about a third of them did).
+    assert turned >= 0.8 * total
     with pytest.raises(ValueError, match="rewind"):
         _train_config(labelled_reach, tmp_path, rewind=-0.1)
 

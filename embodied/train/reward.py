@@ -7,7 +7,8 @@ model (vocabulary from the dataset's instructions, image size from its camera) -
 -> each step, a batch of clips that is a pure function of (seed, step), so ``resume`` continues
 exactly: a prefix clip from ``RewardDataset``'s index, its end jittered, a random stride and
 sometimes a random start (so the model sees histories of every length and spacing), sometimes
-(``rewind``) cut from a successful episode played forward and back (ReWiND), then image
+(``rewind``) cut from a successful episode played forward and back, ending on the way back
+(ReWiND), then image
 augmentation (a shift of a few pixels, brightness and colour jitter) -> periodic validation on
 whole held-out episodes: VOC on successes, success AUROC of the final progress, MAE vs the label
 -> checkpoints -> the final model via ``save_pretrained`` in ``run_dir/model``.
@@ -60,8 +61,8 @@ class RewardTrainConfig:
     # are scored: ``eval_indices``), not taken at a random stride back from its end.
     full_span: float = 0.0
     # ReWiND on the fly: probability that a clip of a successful episode is cut from it played
-    # forward to a random split and then back (labels follow the frames shown), a failure whose
-    # last frame only its history can tell apart from the way up.
+    # forward to a random split and then back, ending on the way back (labels follow the frames
+    # shown): a failure whose last frame only its history can tell apart from the way up.
     rewind: float = 0.0
     shift: int = 4  # image augmentation: pixels
     brightness: float = 0.2
@@ -143,12 +144,15 @@ def sample_clip(
     start_crop: float,
     rng: np.random.Generator,
     full_span: float = 0.0,
+    jitter: bool = True,
 ) -> np.ndarray:
-    """Frame indices ``[clip_len]`` of a clip ending near ``end`` (jittered, within ``0..last``),
-    starting at 0 unless cropped: with probability ``full_span`` evenly spaced from the start to
-    the end (the view ``eval_indices`` scores), else at a random stride up to that spacing."""
-    spread = max(1, last // 8)
-    end = int(np.clip(end + rng.integers(-spread, spread + 1), 0, last))
+    """Frame indices ``[clip_len]`` of a clip ending near ``end`` (jittered unless ``jitter`` is
+    off, within ``0..last``), starting at 0 unless cropped: with probability ``full_span`` evenly
+    spaced from the start to the end (the view ``eval_indices`` scores), else at a random stride
+    up to that spacing."""
+    if jitter:
+        spread = max(1, last // 8)
+        end = int(np.clip(end + rng.integers(-spread, spread + 1), 0, last))
     start = int(rng.integers(0, end + 1)) if rng.random() < start_crop else 0
     if full_span > 0 and rng.random() < full_span:
         return np.linspace(start, end, clip_len).round().astype(int)
@@ -181,11 +185,10 @@ def make_batch(
         columns = clips.cache.frames(episode)
         last = len(columns[clips.label_key]) - 1
         if cfg.rewind > 0 and clips.success[episode] and last > 3 and rng.random() < cfg.rewind:
-            shown = rewind_order(rewind_split(last, rng))  # original frame at each rewound step
-            end = round(end * (len(shown) - 1) / last)
-            sel = shown[
-                sample_clip(end, len(shown) - 1, length, cfg.start_crop, rng, cfg.full_span)
-            ]
+            split = rewind_split(last, rng)
+            shown = rewind_order(split)  # original frame at each rewound step
+            end = int(rng.integers(split + 1, len(shown)))  # a frame on the way back
+            sel = shown[sample_clip(end, end, length, cfg.start_crop, rng, cfg.full_span, False)]
         else:
             sel = sample_clip(end, last, length, cfg.start_crop, rng, cfg.full_span)
         frames.append(torch.from_numpy(np.ascontiguousarray(columns[clips.image_key][sel])))
