@@ -12,7 +12,7 @@ import torch
 
 from embodied.policies import make_policy
 from embodied.rewards.costs import OBJECTIVES, TrajectoryCost, cost_terms, preference_pairs
-from embodied.train.preference import TPOConfig, tpo_loss, train_tpo
+from embodied.train.preference import TPOConfig, per_trajectory, tpo_loss, train_tpo
 from embodied.trajectory import TrajectoryBuilder
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -75,7 +75,22 @@ def test_tpo_loss_by_hand() -> None:
     assert same.item() == pytest.approx(math.log(2))
 
 
-def test_tpo_trains_and_logs(tmp_path: Path) -> None:
+def test_trajectory_log_prob_sum_and_length_normalised_mean_by_hand() -> None:
+    """log pi(tau) sums the unmasked elements of a trajectory's decisions; ``normalize`` divides
+    by their count (length-normalised DPO), so trajectories of different lengths compare."""
+    from types import SimpleNamespace
+
+    values = torch.tensor([[-1.0, -2.0, -9.0], [-3.0, -4.0, -5.0], [-6.0, -7.0, -8.0]])
+    mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])
+    batch = SimpleNamespace(mask=mask, trajectory=torch.tensor([1, 1, 0]))
+    sums = per_trajectory(values, batch, 3)
+    assert sums.tolist() == [-6.0, -15.0, 0.0]
+    means = per_trajectory(values, batch, 3, normalize=True)
+    assert means.tolist() == [-6.0, -3.0, 0.0]  # (-1-2-3-4-5) / 5 elements; none for the third
+
+
+@pytest.mark.parametrize("length_normalize", [False, True])
+def test_tpo_trains_and_logs(tmp_path: Path, length_normalize: bool) -> None:
     torch.manual_seed(0)
     stats = {
         "observation.state": {"mean": np.zeros(4), "std": np.full(4, 0.1)},
@@ -87,6 +102,7 @@ def test_tpo_trains_and_logs(tmp_path: Path) -> None:
     cfg = TPOConfig(
         policy=str(tmp_path / "policy"), task="Reach", rounds=2, groups=2, group_size=3,
         eval_episodes=2, eval_every=1, out=str(tmp_path), device="cpu", pairs="all",
+        length_normalize=length_normalize,
     )  # fmt: skip
     cfg.optim.lr = 1e-3
     run = train_tpo(cfg)

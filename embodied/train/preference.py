@@ -14,6 +14,10 @@ Rounds of roll out -> rank -> optimise, reading top to bottom:
 
        L = -log sigmoid(beta * [(log pi(tau_w) - log pi_ref(tau_w))
                                 - (log pi(tau_l) - log pi_ref(tau_l))])
+
+   ``length_normalize`` divides each ``log pi(tau)`` by its number of elements (Tulu 3's
+   length-normalised DPO): a diffusion planner's trajectory sums ~10^4 Gaussian elements, so a
+   single small step moves the summed margin by hundreds of nats and saturates the sigmoid.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ class TPOConfig:
     pairs: str = "best-worst"  # or "all": every ordered pair whose costs differ by > margin
     margin: float = 0.0
     beta: float = 0.1
+    # log pi(tau) as the mean over its elements instead of the sum (raise beta accordingly)
+    length_normalize: bool = False
     reference: str = "round"  # round: the policy that sampled the round | initial
     rounds: int = 10
     groups: int = 4
@@ -106,17 +112,34 @@ def tpo_loss(
     return loss, stats
 
 
-def trajectory_log_probs(
-    policy: Any, data: Any, trajectories: list[int], device: torch.device
+def per_trajectory(
+    element_values: torch.Tensor, batch: Any, size: int, normalize: bool = False
 ) -> torch.Tensor:
-    """``log pi(tau)`` ``[len(trajectories)]``: the sum of the element log-probs of every decision
-    of each listed trajectory, with gradients."""
+    """``[size]``: the masked sum of ``element_values`` ``[N, K]`` over each trajectory's decisions
+    (``batch.trajectory`` says whose), or their mean over the elements with ``normalize``."""
+    mask = batch.mask.to(element_values.device)
+    index = batch.trajectory.to(element_values.device)
+    zeros = torch.zeros(size, device=element_values.device, dtype=element_values.dtype)
+    totals = zeros.index_add(0, index, (element_values * mask).sum(-1))
+    if normalize:
+        totals = totals / zeros.index_add(0, index, mask.sum(-1).to(zeros.dtype)).clamp(min=1)
+    return totals
+
+
+def trajectory_log_probs(
+    policy: Any,
+    data: Any,
+    trajectories: list[int],
+    device: torch.device,
+    normalize: bool = False,
+) -> torch.Tensor:
+    """``log pi(tau)`` ``[len(trajectories)]``: the sum (or with ``normalize`` the mean) of the
+    element log-probs of every decision of each listed trajectory, with gradients."""
     index = torch.as_tensor(trajectories, dtype=torch.long)
     rows = torch.nonzero(torch.isin(data.trajectory, index)).squeeze(-1).numpy()
     batch = data.take(rows)
-    per_decision = (element_log_probs(policy, batch, device) * batch.mask.to(device)).sum(-1)
-    totals = torch.zeros(int(data.trajectory.max()) + 1, device=device, dtype=per_decision.dtype)
-    totals = totals.index_add(0, batch.trajectory.to(device), per_decision)
+    size = int(data.trajectory.max()) + 1
+    totals = per_trajectory(element_log_probs(policy, batch, device), batch, size, normalize)
     return totals[index.to(device)]
 
 
@@ -178,15 +201,13 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                 if pairs:
                     data = collect_decisions(trajs, np.zeros(len(trajs)), n_obs)
                     # reference log pi(tau): the sampling log-probs, or the initial policy's
+                    norm = cfg.length_normalize
                     if initial is None:
-                        ref = torch.zeros(len(trajs)).index_add(
-                            0, data.trajectory, (data.old_log_prob * data.mask).sum(-1)
-                        )
+                        ref = per_trajectory(data.old_log_prob, data, len(trajs), norm)
                     else:
                         with torch.no_grad():
-                            ref = trajectory_log_probs(
-                                initial, data, list(range(len(trajs))), device
-                            ).cpu()
+                            everyone = list(range(len(trajs)))
+                            ref = trajectory_log_probs(initial, data, everyone, device, norm).cpu()
                     rng = np.random.default_rng([cfg.seed, round_])
                     stats, first = [], True
                     for _ in range(cfg.epochs):
@@ -206,7 +227,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                                     cfg.ratio_tolerance,
                                 )
                                 first = False
-                            both = trajectory_log_probs(policy, data, w + lo, device)
+                            both = trajectory_log_probs(policy, data, w + lo, device, norm)
                             loss, st = tpo_loss(
                                 both[: len(w)],
                                 ref[w].to(device),
