@@ -73,6 +73,9 @@ def test_tpo_loss_by_hand() -> None:
     # At the reference the loss is log 2 whatever the trajectories.
     same, _ = tpo_loss(torch.tensor(lw), torch.tensor(lw), torch.tensor(ll), torch.tensor(ll), 1.0)
     assert same.item() == pytest.approx(math.log(2))
+    # RPO: plus sft_weight times the winners' mean negative log-likelihood.
+    rpo, stats = tpo_loss(*(torch.tensor(x) for x in (lw, rw, ll, rl)), beta=beta, sft_weight=0.3)
+    assert rpo.item() == pytest.approx(want + 0.3 * 2.0) and stats["winner_nll"] == 2.0
 
 
 def test_trajectory_log_prob_sum_and_length_normalised_mean_by_hand() -> None:
@@ -121,3 +124,5 @@ def test_tpo_trains_and_logs(tmp_path: Path, length_normalize: bool) -> None:
     assert any(not torch.equal(before[k], after[k]) for k in before)
     with pytest.raises(ValueError, match="objective must be one of"):
         train_tpo(TPOConfig(policy=str(tmp_path / "policy"), objective="speed"))
+    with pytest.raises(ValueError, match="sft_weight"):
+        train_tpo(TPOConfig(policy=str(tmp_path / "policy"), sft_weight=-1.0))

@@ -18,6 +18,9 @@ Rounds of roll out -> rank -> optimise, reading top to bottom:
    ``length_normalize`` divides each ``log pi(tau)`` by its number of elements (Tulu 3's
    length-normalised DPO): a diffusion planner's trajectory sums ~10^4 Gaussian elements, so a
    single small step moves the summed margin by hundreds of nats and saturates the sigmoid.
+   ``sft_weight`` adds ``sft_weight * -log pi(tau_w)`` (RPO, Pang et al. 2024): DPO can widen the
+   margin by pushing the losers down alone, which moves a Gaussian policy away from its own
+   samples in no useful direction; the NLL term keeps the winners likely.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class TPOConfig:
     beta: float = 0.1
     # log pi(tau) as the mean over its elements instead of the sum (raise beta accordingly)
     length_normalize: bool = False
+    sft_weight: float = 0.0  # weight of the winners' NLL added to the DPO loss (RPO)
     reference: str = "round"  # round: the policy that sampled the round | initial
     rounds: int = 10
     groups: int = 4
@@ -99,13 +103,17 @@ def tpo_loss(
     log_pi_l: torch.Tensor,
     ref_l: torch.Tensor,
     beta: float,
+    sft_weight: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Trajectory DPO over ``[P]`` pairs of trajectory log-probs; also the mean implicit reward
-    margin and the fraction of pairs the policy already ranks right."""
+    """Trajectory DPO over ``[P]`` pairs of trajectory log-probs, plus ``sft_weight`` times the
+    winners' mean NLL; also the mean implicit reward margin and the fraction of pairs the policy
+    already ranks right."""
     margin = beta * ((log_pi_w - ref_w) - (log_pi_l - ref_l))
-    loss = -F.logsigmoid(margin).mean()
+    nll = -log_pi_w.mean()
+    loss = -F.logsigmoid(margin).mean() + sft_weight * nll
     stats = {
         "loss": float(loss.detach()),
+        "winner_nll": float(nll.detach()),
         "reward_margin": float(margin.detach().mean()),
         "accuracy": float((margin.detach() > 0).float().mean()),
     }
@@ -152,6 +160,8 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
         raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {cfg.objective!r}")
     if cfg.reference not in ("round", "initial"):
         raise ValueError(f"reference must be 'round' or 'initial', got {cfg.reference!r}")
+    if cfg.sft_weight < 0:
+        raise ValueError(f"sft_weight must be >= 0, got {cfg.sft_weight}")
     if cfg.group_size < 2:
         raise ValueError(f"group_size must be >= 2 (pairs come from a group), got {cfg.group_size}")
     seed_everything(cfg.seed)
@@ -234,6 +244,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                                 both[len(w) :],
                                 ref[lo].to(device),
                                 cfg.beta,
+                                cfg.sft_weight,
                             )
                             st["grad_norm"] = optimizer_step(
                                 loss, policy, optimizer, cfg.optim.max_grad_norm,
