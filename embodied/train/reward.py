@@ -8,10 +8,10 @@ model (vocabulary from the dataset's instructions, image size from its camera) -
 exactly: a prefix clip from ``RewardDataset``'s index, its end jittered, a random stride and
 sometimes a random start (so the model sees histories of every length and spacing), sometimes
 (``rewind``) cut from a successful episode played forward and back, ending on the way back
-(ReWiND), then image
-augmentation (a shift of a few pixels, brightness and colour jitter) -> periodic validation on
-whole held-out episodes: VOC on successes, success AUROC of the final progress, MAE vs the label
--> checkpoints -> the final model via ``save_pretrained`` in ``run_dir/model``.
+(ReWiND), then image augmentation (a shift of a few pixels, brightness and colour jitter) ->
+periodic validation on whole held-out episodes: VOC on successes, success AUROC of the final
+progress, MAE vs the label -> checkpoints -> the final model via ``save_pretrained`` in
+``run_dir/model``.
 """
 
 from __future__ import annotations
