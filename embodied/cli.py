@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from embodied import __version__
+from embodied.allocator import keep_freed_memory
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -211,6 +212,7 @@ def _cmd_bench_all(args: argparse.Namespace) -> int:
         "dataset": lambda: bench.bench_dataset(episodes=4, repeats=3, progress=note),
         "policy": lambda: bench.bench_policy(decisions=3, repeats=3, progress=note),
         "reward": lambda: bench.bench_reward(frames=50, repeats=3, progress=note),
+        "train": lambda: bench.bench_train(image_size=64, batch_size=16, steps=2, progress=note),
         "rollout": lambda: bench.bench_rollout(episodes=4, repeats=2, progress=note),
     }
     results = {name: [r.as_dict() for r in run()] for name, run in tables.items()}
@@ -378,6 +380,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", dest="model_dirs", nargs="*", default=[], help="saved reward model dirs to add"
     )
     rew.set_defaults(func=_cmd_bench, bench_function="bench_reward")
+    trn = bench_sub.add_parser("train", help="training steps/s, glibc malloc default vs kept")
+    trn.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    trn.add_argument("--image-size", type=int, default=96)
+    trn.add_argument("--batch-size", type=int, default=32)
+    trn.add_argument("--steps", type=int, default=3, help="training steps per timed run")
+    trn.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
+    trn.set_defaults(func=_cmd_bench, bench_function="bench_train")
     rol = bench_sub.add_parser("rollout", help="GRPO-style rollouts: sync vs async vs Ray")
     rol.add_argument("--json", action="store_true", help="print JSON instead of a table")
     rol.add_argument("--task", default="PickPlace")
@@ -399,6 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:2] == ["eval", "reward"]:  # `embodied eval reward ...` is the reward evaluation
         argv = ["eval-reward", *argv[2:]]
     args = parser.parse_args(argv)
+    keep_freed_memory()  # glibc: reuse freed tensor buffers instead of page-faulting them in
     if getattr(args, "config", None) and "=" in args.config:
         args.overrides, args.config = [args.config, *args.overrides], None
     try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import ctypes
 import json
+import platform
 import re
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 import embodied.sims as sims
+from embodied.allocator import keep_freed_memory
 from embodied.cli import main
 from embodied.rollout import rollout_episode
 from embodied.video import write_video
@@ -47,6 +50,57 @@ def test_bench_sim_reports_rates_against_raw_mujoco(capsys: pytest.CaptureFixtur
         assert row["ratio"] == pytest.approx(row["baseline_steps_per_s"] / row["steps_per_s"])
     # Rendering costs time: the camera row is slower than the state-only row.
     assert rows[1]["steps_per_s"] < rows[0]["steps_per_s"]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="a setting of glibc's malloc")
+def test_keep_freed_memory_serves_large_blocks_from_the_heap(monkeypatch) -> None:
+    libc = ctypes.CDLL(None)
+    libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+
+    libc.mallinfo2.restype = MallInfo2
+    size = 64 << 20  # above glibc's largest mmap threshold (32 MiB)
+
+    def mapped_while_held() -> int:
+        """Bytes malloc mmapped for one large block (0: it came from the heap)."""
+        before = libc.mallinfo2().hblkhd
+        block = libc.malloc(size)
+        try:
+            return libc.mallinfo2().hblkhd - before
+        finally:
+            libc.free(block)
+
+    try:
+        assert keep_freed_memory(False, respect_environment=False)
+        assert mapped_while_held() >= size  # glibc's default: a fresh mapping per large block
+        assert keep_freed_memory(True, respect_environment=False)
+        assert mapped_while_held() == 0  # kept: served from (and freed back to) the heap
+        monkeypatch.setenv("MALLOC_MMAP_MAX_", "65536")
+        assert not keep_freed_memory(False)  # the user's own malloc settings win
+        assert mapped_while_held() == 0
+    finally:
+        keep_freed_memory(True, respect_environment=False)  # as `embodied` runs
+
+
+def test_bench_train_compares_kept_memory_with_glibc_default(capsys) -> None:
+    args = ["bench", "train", "--json", "--image-size", "32", "--batch-size", "2"]
+    assert main([*args, "--steps", "1", "--repeats", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    glibc = platform.libc_ver()[0] == "glibc"
+    settings = ["glibc default", "keep freed memory"] if glibc else ["system malloc"]
+    models = ["progress (default)", "diffusion BC"]
+    assert [(r["model"], r["allocator"]) for r in rows] == [
+        (m, a) for m in models for a in settings
+    ]
+    for i, row in enumerate(rows):
+        base = rows[i - i % len(settings)]  # the same model's first setting
+        assert row["baseline"] == (settings[0] if glibc else "itself")
+        assert row["speedup"] == pytest.approx(row["steps_per_s"] / base["steps_per_s"])
 
 
 def test_bench_policy_reports_every_policy_against_ddim(
