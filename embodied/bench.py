@@ -536,7 +536,7 @@ def bench_train(
         ("diffusion BC", planner, lambda: planner.bc_loss(planner_batch)),
     ]
     glibc = keep_freed_memory(False, respect_environment=False)
-    settings = [("glibc default", False), ("keep freed memory", True)] if glibc else [("", None)]
+    settings = [("glibc default", False), ("keep freed memory", True)] if glibc else []
     rows = []
     try:
         for label, model, loss in jobs:
@@ -548,24 +548,17 @@ def bench_train(
                     loss().backward()
                     optimizer.step()
 
+            if not glibc:  # one row: whatever malloc this system has
+                rate = _median_rate(run, steps, repeats)
+                rows.append(TrainRow(label, batch_size, "system malloc", rate, "itself", 1.0))
             base = None
             for name, keep in settings:
-                if keep is not None:
-                    keep_freed_memory(keep, respect_environment=False)
+                keep_freed_memory(keep, respect_environment=False)
                 if progress is not None:
-                    progress(f"train {label} at batch {batch_size} {name}")
+                    progress(f"train {label} at batch {batch_size}, {name}")
                 rate = _median_rate(run, steps, repeats)
                 base = base or rate
-                rows.append(
-                    TrainRow(
-                        label,
-                        batch_size,
-                        name or "system malloc",
-                        rate,
-                        settings[0][0] or "itself",
-                        rate / base,
-                    )
-                )
+                rows.append(TrainRow(label, batch_size, name, rate, settings[0][0], rate / base))
     finally:
         keep_freed_memory(True)  # as `embodied` runs (glibc defaults if the user set malloc's)
     return rows
