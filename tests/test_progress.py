@@ -435,6 +435,60 @@ def test_rewind_clips_play_a_success_forward_then_back(labelled_reach: Path, tmp
         _train_config(labelled_reach, tmp_path, rewind=-0.1)
 
 
+def test_final_frame_clips_end_on_their_episode_last_frame(labelled_reach, tmp_path) -> None:
+    """``final_frame=1``: every clip ends on its episode's last frame (the frame success AUROC
+    reads) with that frame's label and the episode's outcome; by default few clips do."""
+    from embodied.datasets import LeRobotDataset
+    from embodied.datasets.training import RewardDataset
+    from embodied.train.reward import make_batch
+
+    dataset = LeRobotDataset(labelled_reach)
+    clips = RewardDataset(dataset, clip_len=8, clips_per_episode=4)
+    outcome = dataset.episode_success()
+    last = {}
+    for e in range(dataset.num_episodes):
+        columns = clips.cache.frames(e)
+        frame = torch.from_numpy(columns["observation.image"][-1])
+        last[e] = (frame, columns["progress.label"][-1])
+
+    def ends(final_frame: float) -> list[bool]:
+        cfg = _train_config(labelled_reach, tmp_path, clip_len=8, clip_len_max=0)
+        cfg = dataclasses.replace(cfg, final_frame=final_frame, shift=0, brightness=0, color=0)
+        on_last = []
+        for step in range(6):
+            batch = make_batch(clips, cfg, step, torch.device("cpu"))
+            for frames, labels, success in zip(
+                batch["frames"], batch["progress"], batch["success"], strict=True
+            ):
+                hits = [e for e, (frame, _) in last.items() if torch.equal(frames[-1], frame)]
+                on_last.append(bool(hits))
+                if hits:
+                    assert labels[-1].item() == pytest.approx(last[hits[0]][1])
+                    assert bool(success) == bool(outcome[hits[0]])
+        return on_last
+
+    assert all(ends(1.0))
+    assert sum(ends(0.0)) < 0.5 * len(ends(0.0))
+    with pytest.raises(ValueError, match="final_frame"):
+        _train_config(labelled_reach, tmp_path, final_frame=2.0)
+
+
+def test_fine_tuning_starts_from_the_pretrained_weights(labelled_reach, tmp_path) -> None:
+    from embodied.train.reward import train_reward
+
+    base = train_reward(_train_config(labelled_reach, tmp_path / "base", steps=10))
+    saved = ProgressRewardModel.from_pretrained(base.path / "model").state_dict()
+    cfg = _train_config(labelled_reach, tmp_path / "tuned", steps=2, eval_every=2)
+    tuned_cfg = dataclasses.replace(
+        cfg, pretrained=str(base.path / "model"), optim=dataclasses.replace(cfg.optim, lr=1e-12)
+    )
+    tuned = ProgressRewardModel.from_pretrained(train_reward(tuned_cfg).path / "model")
+    assert all(torch.allclose(saved[k], v, atol=1e-8) for k, v in tuned.state_dict().items())
+    wider = dataclasses.replace(cfg.model, d_model=64)
+    with pytest.raises(ValueError, match=r"model.d_model=64 \(pretrained: 32\)"):
+        train_reward(dataclasses.replace(tuned_cfg, model=wider))
+
+
 def test_cli_wires_train_reward(labelled_reach: Path, tmp_path: Path) -> None:
     from embodied.cli import build_parser, main
 

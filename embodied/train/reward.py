@@ -1,13 +1,14 @@
 """Progress reward model training: ``embodied train reward CONFIG [key=value ...]``.
 
-Reads top to bottom: load a labelled LeRobot dataset (``embodied label`` writes
-``progress.label``) -> split episodes into train / validation by held-out seeds (all episodes of a
-seed, rewound copies included, go to one side) and, optionally, held-out instructions -> build the
-model (vocabulary from the dataset's instructions, image size from its camera) -> AdamW + cosine
--> each step, a batch of clips that is a pure function of (seed, step), so ``resume`` continues
-exactly: a prefix clip from ``RewardDataset``'s index, its end jittered, a random stride and
-sometimes a random start (so the model sees histories of every length and spacing), sometimes
-(``rewind``) cut from a successful episode played forward and back, ending on the way back
+Reads top to bottom: load a labelled LeRobot dataset (``embodied label`` writes ``progress.label``)
+-> split episodes into train / validation by held-out seeds (all episodes of a seed, rewound copies
+included, go to one side) and, optionally, held-out instructions -> build the model (vocabulary from
+the dataset's instructions, image size from its camera), or load a ``pretrained`` one to fine-tune
+-> AdamW + cosine -> each step, a batch of clips that is a pure function of (seed, step), so
+``resume`` continues exactly: a prefix clip from ``RewardDataset``'s index, its end jittered (or,
+with probability ``final_frame``, the episode's last frame, where success AUROC is read), a random
+stride and sometimes a random start (so the model sees histories of every length and spacing),
+sometimes (``rewind``) cut from a successful episode played forward and back, ending on the way back
 (ReWiND), then image augmentation (a shift of a few pixels, brightness and colour jitter) ->
 periodic validation on whole held-out episodes: VOC on successes, success AUROC of the final
 progress, MAE vs the label -> checkpoints -> the final model via ``save_pretrained`` in
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,12 @@ class RewardTrainConfig:
     # forward to a random split and then back, ending on the way back (labels follow the frames
     # shown): a failure whose last frame only its history can tell apart from the way up.
     rewind: float = 0.0
+    # Probability that a clip (not rewound) ends exactly on its episode's last frame, the frame
+    # whose progress decides success AUROC; otherwise clip ends are spread over the episode.
+    final_frame: float = 0.0
+    # A saved ProgressRewardModel directory to start from (fine-tuning); ``model`` must then
+    # match its config (image size and vocabulary come from it, not from the dataset).
+    pretrained: str = ""
     shift: int = 4  # image augmentation: pixels
     brightness: float = 0.2
     color: float = 0.1
@@ -98,7 +105,7 @@ class RewardTrainConfig:
         for name in ("start_crop", "val_fraction", "val_instruction_fraction"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be a fraction in [0, 1), got {getattr(self, name)}")
-        for name in ("full_span", "rewind"):
+        for name in ("full_span", "rewind", "final_frame"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(
                     f"{name} must be a probability in [0, 1], got {getattr(self, name)}"
@@ -190,7 +197,9 @@ def make_batch(
             end = int(rng.integers(split + 1, len(shown)))  # a frame on the way back
             sel = shown[sample_clip(end, end, length, cfg.start_crop, rng, cfg.full_span, False)]
         else:
-            sel = sample_clip(end, last, length, cfg.start_crop, rng, cfg.full_span)
+            final = cfg.final_frame > 0 and rng.random() < cfg.final_frame
+            end = last if final else end
+            sel = sample_clip(end, last, length, cfg.start_crop, rng, cfg.full_span, not final)
         frames.append(torch.from_numpy(np.ascontiguousarray(columns[clips.image_key][sel])))
         labels.append(torch.from_numpy(columns[clips.label_key][sel].astype(np.float32)))
         done = columns["success"][sel[-1]] if "success" in columns else sel[-1] == last
@@ -248,6 +257,30 @@ def evaluate_progress(model: Any, clips: Any, episodes: list[int], max_frames: i
     return result
 
 
+def pretrained_model(directory: str, wanted: ProgressConfig, image_size: int) -> Any:
+    """The saved model to fine-tune; an error names every architecture field where ``wanted``
+    (the run's ``model``) differs from it, and a frame size that differs from the dataset's."""
+    model = ProgressRewardModel.from_pretrained(directory)
+    have = model.config
+    if have.image_size != image_size:
+        raise ValueError(
+            f"pretrained model {directory} reads {have.image_size} px frames; the dataset's are "
+            f"{image_size} px"
+        )
+    names = [f.name for f in fields(ProgressConfig) if f.name not in ("image_size", "vocab")]
+    differ = [
+        f"model.{name}={getattr(wanted, name)!r} (pretrained: {getattr(have, name)!r})"
+        for name in names
+        if getattr(wanted, name) != getattr(have, name)
+    ]
+    if differ:
+        raise ValueError(
+            f"the run's model config differs from the pretrained model {directory}: "
+            + ", ".join(differ)
+        )
+    return model
+
+
 def train_reward(cfg: RewardTrainConfig) -> RunDir:
     """Train, validate, checkpoint; return the run directory (final model in ``model/``)."""
     from embodied.datasets import LeRobotDataset
@@ -284,8 +317,11 @@ def train_reward(cfg: RewardTrainConfig) -> RunDir:
     model_cfg = cfg.model
     if not isinstance(model_cfg, ProgressConfig):
         model_cfg = ProgressConfig(**dict(model_cfg))
-    model_cfg = replace(model_cfg, image_size=int(shape[0]), vocab=build_vocab(dataset.tasks))
-    model = ProgressRewardModel(model_cfg).to(device)
+    if cfg.pretrained:
+        model = pretrained_model(cfg.pretrained, model_cfg, int(shape[0])).to(device)
+    else:
+        model_cfg = replace(model_cfg, image_size=int(shape[0]), vocab=build_vocab(dataset.tasks))
+        model = ProgressRewardModel(model_cfg).to(device)
     optimizer, scheduler = make_optimizer(model.parameters(), cfg.optim, cfg.steps)
     run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=cfg)
     start = 0
