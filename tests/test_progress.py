@@ -559,6 +559,36 @@ def test_eval_reward_gives_each_task_of_a_multi_task_dataset_its_own_row(tmp_pat
     assert rows["all"]["episodes"] == 8 and rows["all"]["voc_success_mean"] == pytest.approx(1.0)
 
 
+def test_eval_reward_row_matches_hand_computed_metrics() -> None:
+    """Four scored episodes worked out by hand: VOC on successes and failures, AUROC of the final
+    (last answered) progress, failed median, MAE over answered frames, the head's AUROC and ECE,
+    and the missing answers counted."""
+    from embodied.evaluate_reward import Scored, summarize
+
+    nan = float("nan")
+    scored = [  # progress, success head, label, success, missing
+        Scored(np.array([0.0, 0.5, 1.0]), 0.85, np.array([0.0, 0.5, 1.0]), True),
+        Scored(np.array([0.2, 0.1, 0.6]), 0.55, np.array([0.0, 0.5, 1.0]), True),
+        Scored(np.array([0.3, nan, 0.7]), 0.25, np.array([0.1, 0.3, 0.5]), False, missing=1),
+        Scored(np.array([0.4, 0.3, 0.2]), 0.65, np.array([0.2, 0.3, 0.4]), False),
+    ]
+    row = summarize("m", scored)
+    assert row["episodes"] == 4 and row["failed"] == 2 and row["missing"] == 1
+    # VOC: 1 and 1 - 6 * 2 / (3 * 8) = 0.5 on successes; 1 (two answered frames) and -1 on failures
+    assert row["voc_success_mean"] == pytest.approx(0.75)
+    assert row["voc_success_median"] == pytest.approx(0.75)
+    assert row["voc_success_std"] == pytest.approx(0.25)
+    assert row["voc_failed_mean"] == pytest.approx(0.0)
+    # finals 1.0, 0.6 | 0.7, 0.2: three of four (success, failure) pairs ordered
+    assert row["success_auroc"] == pytest.approx(0.75)
+    assert row["failed_median_final"] == pytest.approx(0.45)
+    # |errors|: 0 0 0, 0.2 0.4 0.4, 0.2 (NaN skipped) 0.2, 0.2 0 0.2 -> 1.8 over 11 frames
+    assert row["mae"] == pytest.approx(1.8 / 11)
+    assert row["success_head_auroc"] == pytest.approx(0.75)
+    # one probability per bin: (0.15 + 0.45 + 0.25 + 0.65) / 4
+    assert row["success_head_ece"] == pytest.approx(0.375)
+
+
 def test_eval_reward_table_has_the_model_and_its_baselines(labelled_reach, tmp_path, capsys):
     from embodied.cli import main
     from embodied.datasets import LeRobotDataset
