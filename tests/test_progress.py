@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -474,7 +475,7 @@ def test_final_frame_clips_end_on_their_episode_last_frame(labelled_reach, tmp_p
 
 
 def test_fine_tuning_starts_from_the_pretrained_weights(labelled_reach, tmp_path) -> None:
-    from embodied.train.reward import train_reward
+    from embodied.train.reward import pretrained_model, train_reward
 
     base = train_reward(_train_config(labelled_reach, tmp_path / "base", steps=10))
     saved = ProgressRewardModel.from_pretrained(base.path / "model").state_dict()
@@ -487,6 +488,13 @@ def test_fine_tuning_starts_from_the_pretrained_weights(labelled_reach, tmp_path
     wider = dataclasses.replace(cfg.model, d_model=64)
     with pytest.raises(ValueError, match=r"model.d_model=64 \(pretrained: 32\)"):
         train_reward(dataclasses.replace(tuned_cfg, model=wider))
+    with pytest.raises(ValueError, match="reads 32 px frames; the dataset's are 64 px"):
+        pretrained_model(str(base.path / "model"), cfg.model, 64, tuned.config.vocab[1:])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every word of the dataset is known: no warning
+        pretrained_model(str(base.path / "model"), cfg.model, 32, tuned.config.vocab[1:])
+    with pytest.warns(UserWarning, match=r"1 instruction word.*'<unk>': teleport"):
+        pretrained_model(str(base.path / "model"), cfg.model, 32, ["teleport the block"])
 
 
 def test_cli_wires_train_reward(labelled_reach: Path, tmp_path: Path) -> None:

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 import torch
 
+from embodied.nn import UNKNOWN_WORD, build_vocab
 from embodied.rewards.labels import rewind_order, rewind_split
 from embodied.rewards.progress import ProgressConfig, ProgressRewardModel, augment_frames
 from embodied.run import RunDir, progress, seed_everything
@@ -257,9 +260,12 @@ def evaluate_progress(model: Any, clips: Any, episodes: list[int], max_frames: i
     return result
 
 
-def pretrained_model(directory: str, wanted: ProgressConfig, image_size: int) -> Any:
+def pretrained_model(
+    directory: str, wanted: ProgressConfig, image_size: int, instructions: Sequence[str]
+) -> Any:
     """The saved model to fine-tune; an error names every architecture field where ``wanted``
-    (the run's ``model``) differs from it, and a frame size that differs from the dataset's."""
+    (the run's ``model``) differs from it, and a frame size that differs from the dataset's; a
+    warning names the dataset's instruction words its vocabulary lacks (they read as unknown)."""
     model = ProgressRewardModel.from_pretrained(directory)
     have = model.config
     if have.image_size != image_size:
@@ -278,6 +284,13 @@ def pretrained_model(directory: str, wanted: ProgressConfig, image_size: int) ->
             f"the run's model config differs from the pretrained model {directory}: "
             + ", ".join(differ)
         )
+    unknown = sorted(set(build_vocab(instructions)) - set(have.vocab))
+    if unknown:
+        warnings.warn(
+            f"pretrained model {directory} has no embedding for {len(unknown)} instruction "
+            f"word(s) of the dataset, which read as {UNKNOWN_WORD!r}: {', '.join(unknown[:20])}",
+            stacklevel=2,
+        )
     return model
 
 
@@ -285,7 +298,6 @@ def train_reward(cfg: RewardTrainConfig) -> RunDir:
     """Train, validate, checkpoint; return the run directory (final model in ``model/``)."""
     from embodied.datasets import LeRobotDataset
     from embodied.datasets.training import RewardDataset
-    from embodied.nn import build_vocab
 
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
@@ -318,7 +330,7 @@ def train_reward(cfg: RewardTrainConfig) -> RunDir:
     if not isinstance(model_cfg, ProgressConfig):
         model_cfg = ProgressConfig(**dict(model_cfg))
     if cfg.pretrained:
-        model = pretrained_model(cfg.pretrained, model_cfg, int(shape[0])).to(device)
+        model = pretrained_model(cfg.pretrained, model_cfg, int(shape[0]), dataset.tasks).to(device)
     else:
         model_cfg = replace(model_cfg, image_size=int(shape[0]), vocab=build_vocab(dataset.tasks))
         model = ProgressRewardModel(model_cfg).to(device)
