@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from embodied.nn import build_vocab
 from embodied.rewards.metrics import value_order_correlation
@@ -322,6 +323,8 @@ def test_train_reward_end_to_end(labelled_reach: Path, tmp_path: Path) -> None:
     model = ProgressRewardModel.from_pretrained(run.path / "model")
     dataset = LeRobotDataset(labelled_reach)
     assert model.config.image_size == 32 and model.config.vocab == build_vocab(dataset.tasks)
+    recorded = OmegaConf.load(run.path / "config.yaml").model
+    assert recorded.image_size == 32 and list(recorded.vocab) == model.config.vocab
     frames = dataset.episode_frames(0, keys=["observation.image"])["observation.image"]
     progress = model.progress(torch.from_numpy(frames)[None], [dataset.tasks[0]])
     assert progress.shape == (1, len(frames))

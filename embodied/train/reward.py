@@ -335,7 +335,8 @@ def train_reward(cfg: RewardTrainConfig) -> RunDir:
         model_cfg = replace(model_cfg, image_size=int(shape[0]), vocab=build_vocab(dataset.tasks))
         model = ProgressRewardModel(model_cfg).to(device)
     optimizer, scheduler = make_optimizer(model.parameters(), cfg.optim, cfg.steps)
-    run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=cfg)
+    recorded = replace(cfg, model=model.config)  # image size and vocabulary as trained
+    run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=recorded)
     start = 0
     checkpoint = latest_checkpoint(run.checkpoints) if cfg.resume else None
     if checkpoint is not None:
