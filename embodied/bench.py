@@ -37,13 +37,21 @@ class BenchRow(_Row):
     ratio: float  # time per env step / time per baseline step (1.0 = no overhead)
 
 
-def _median_rate(run: Any, steps: int, repeats: int) -> float:
-    """Median steps/s of ``run(steps)`` over ``repeats`` timed calls (after one warm-up)."""
-    run(min(steps, 20))
+def _median_rate(run: Any, steps: int, repeats: int, device: Any = None) -> float:
+    """Median steps/s of ``run(steps)`` over ``repeats`` timed calls (after one warm-up); on a
+    CUDA ``device`` each timed call ends when the GPU has finished its queued work."""
+    import torch
+
+    def timed(n: int) -> None:
+        run(n)
+        if device is not None and torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+
+    timed(min(steps, 20))
     rates = []
     for _ in range(repeats):
         start = time.perf_counter()
-        run(steps)
+        timed(steps)
         rates.append(steps / (time.perf_counter() - start))
     return statistics.median(rates)
 
@@ -371,14 +379,19 @@ def bench_policy(
     decisions: int = 5,
     repeats: int = 5,
     policy_dirs: tuple[str, ...] = (),
+    device: str = "cpu",
     progress: Any = None,
 ) -> list[PolicyRow]:
     """Decisions/s and actions/s of ``act`` (sampling, as in RL rollouts) for each policy type
-    at tabletop shapes, untrained weights, plus any saved policies in ``policy_dirs``."""
+    at tabletop shapes, untrained weights, plus any saved policies in ``policy_dirs``, on
+    ``device`` (``auto``: CUDA when available); observations start on the CPU, as from envs."""
     import torch
 
     import embodied.policies  # noqa: F401  (registers the policy types)
     from embodied.policies.base import POLICIES, Policy
+    from embodied.train.common import resolve_device
+
+    where = resolve_device(device)
 
     features = tabletop_features(image_size)
     state_features = tabletop_features(image_size, env_state=True)
@@ -389,9 +402,9 @@ def bench_policy(
             cls = POLICIES[kind]
             shape = state_features if "env_state_encoder" in overrides else features
             config = cls.config_from_dataset(shape, tasks, **overrides)
-            policies.append((label, cls(config).eval()))
+            policies.append((label, cls(config).to(where).eval()))
     for directory in policy_dirs:
-        policies.append((str(directory), Policy.from_pretrained(directory).eval()))
+        policies.append((str(directory), Policy.from_pretrained(directory, where).eval()))
 
     rng = np.random.default_rng(0)
     rates: dict[tuple[str, int], tuple[float, float]] = {}
@@ -409,7 +422,7 @@ def bench_policy(
                     for _ in range(n):
                         policy.act(obs, text, generator=generator)  # noqa: B023 (used at once)
 
-            per_s = _median_rate(run, decisions, repeats)
+            per_s = _median_rate(run, decisions, repeats, where)
             rates[label, batch] = (per_s, per_s * batch * chunk)
     base = POLICY_VARIANTS[0][0]
     return [
@@ -443,20 +456,23 @@ def bench_reward(
     frames: int = 100,
     repeats: int = 5,
     model_dirs: tuple[str, ...] = (),
+    device: str = "cpu",
     progress: Any = None,
 ) -> list[RewardRow]:
     """Frames/s of ``ProgressRewardModel.progress`` on batches of rollout-length clips (GRPO's
     scoring step): the default (configs/reward.yaml-sized) model at ``image_size`` and any saved
-    models, each against the same model scoring one clip per call."""
+    models, each against the same model scoring one clip per call, on ``device`` (``auto``: CUDA
+    when available) with the clips starting on the CPU."""
     import torch
 
     from embodied.rewards import ProgressConfig, ProgressRewardModel
+    from embodied.train.common import resolve_device
 
+    where = resolve_device(device)
     tasks = ["put the red block on the green plate", "push the blue block to the purple plate"]
-    models: list[tuple[str, Any]] = [
-        ("progress (default)", ProgressRewardModel(ProgressConfig(image_size=image_size)).eval())
-    ]
-    models += [(str(d), ProgressRewardModel.from_pretrained(d).eval()) for d in model_dirs]
+    default = ProgressRewardModel(ProgressConfig(image_size=image_size))
+    models: list[tuple[str, Any]] = [("progress (default)", default.to(where).eval())]
+    models += [(str(d), ProgressRewardModel.from_pretrained(d, where).eval()) for d in model_dirs]
     rng = np.random.default_rng(0)
     rows = []
     for label, model in models:
@@ -474,7 +490,7 @@ def bench_reward(
                 for _ in range(n):
                     model.progress(clips, text)
 
-            rates[batch] = _median_rate(run, 2, repeats) * batch * frames
+            rates[batch] = _median_rate(run, 2, repeats, where) * batch * frames
         rows += [
             RewardRow(label, b, frames, rates[b], f"{label} (batch 1)", rates[b] / rates[1])
             for b in batches
@@ -500,21 +516,25 @@ def bench_train(
     batch_size: int = 32,
     steps: int = 3,
     repeats: int = 3,
+    device: str = "cpu",
     progress: Any = None,
 ) -> list[TrainRow]:
     """Training steps/s of the default progress reward model (clips of 8 frames) and the diffusion
-    planner (BC) at ``image_size``, with glibc's default malloc and with ``keep_freed_memory``,
-    the default first. Off glibc the one row per model is the system's malloc."""
+    planner (BC) at ``image_size`` on ``device`` (``auto``: CUDA when available; batches already
+    there), with glibc's default malloc and with ``keep_freed_memory``, the default first. Off
+    glibc the one row per model is the system's malloc."""
     import torch
 
     from embodied.allocator import keep_freed_memory
     from embodied.policies import DiffusionPolicy
     from embodied.rewards import ProgressConfig, ProgressRewardModel
+    from embodied.train.common import resolve_device, to_device
 
+    where = resolve_device(device)
     rng = np.random.default_rng(0)
     tasks = ["put the red block on the green plate", "push the blue block to the purple plate"]
     text = [tasks[i % len(tasks)] for i in range(batch_size)]
-    reward = ProgressRewardModel(ProgressConfig(image_size=image_size))
+    reward = ProgressRewardModel(ProgressConfig(image_size=image_size)).to(where)
     reward_batch = {
         "frames": torch.from_numpy(
             rng.integers(0, 256, (batch_size, 8, image_size, image_size, 3), dtype=np.uint8)
@@ -524,13 +544,14 @@ def bench_train(
         "instruction": text,
     }
     config = DiffusionPolicy.config_from_dataset(tabletop_features(image_size), tasks)
-    planner = DiffusionPolicy(config)
+    planner = DiffusionPolicy(config).to(where)
     planner_batch = {
         **_random_observation(planner, batch_size, rng),
         "action": torch.zeros(batch_size, config.horizon, 4),
         "action_is_pad": torch.zeros(batch_size, config.horizon, dtype=torch.bool),
         "instruction": text,
     }
+    reward_batch, planner_batch = to_device(reward_batch, where), to_device(planner_batch, where)
     jobs = [
         ("progress (default)", reward, lambda: reward.loss(reward_batch)),
         ("diffusion BC", planner, lambda: planner.bc_loss(planner_batch)),
@@ -549,14 +570,14 @@ def bench_train(
                     optimizer.step()
 
             if not glibc:  # one row: whatever malloc this system has
-                rate = _median_rate(run, steps, repeats)
+                rate = _median_rate(run, steps, repeats, where)
                 rows.append(TrainRow(label, batch_size, "system malloc", rate, "itself", 1.0))
             base = None
             for name, keep in settings:
                 keep_freed_memory(keep, respect_environment=False)
                 if progress is not None:
                     progress(f"train {label} at batch {batch_size}, {name}")
-                rate = _median_rate(run, steps, repeats)
+                rate = _median_rate(run, steps, repeats, where)
                 base = base or rate
                 rows.append(TrainRow(label, batch_size, name, rate, settings[0][0], rate / base))
     finally:

@@ -369,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     pol.add_argument(
         "--policy", dest="policy_dirs", nargs="*", default=[], help="saved policy dirs to add"
     )
+    pol.add_argument(
+        "--device", default="cpu", help="cpu, cuda, cuda:N or auto (CUDA when available)"
+    )
     pol.set_defaults(func=_cmd_bench, bench_function="bench_policy")
     rew = bench_sub.add_parser("reward", help="reward-model scoring frames/s, batched vs one clip")
     rew.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -379,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     rew.add_argument(
         "--model", dest="model_dirs", nargs="*", default=[], help="saved reward model dirs to add"
     )
+    rew.add_argument(
+        "--device", default="cpu", help="cpu, cuda, cuda:N or auto (CUDA when available)"
+    )
     rew.set_defaults(func=_cmd_bench, bench_function="bench_reward")
     trn = bench_sub.add_parser("train", help="training steps/s, glibc malloc default vs kept")
     trn.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -386,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--batch-size", type=int, default=32)
     trn.add_argument("--steps", type=int, default=3, help="training steps per timed run")
     trn.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
+    trn.add_argument(
+        "--device", default="cpu", help="cpu, cuda, cuda:N or auto (CUDA when available)"
+    )
     trn.set_defaults(func=_cmd_bench, bench_function="bench_train")
     rol = bench_sub.add_parser("rollout", help="GRPO-style rollouts: sync vs async vs Ray")
     rol.add_argument("--json", action="store_true", help="print JSON instead of a table")

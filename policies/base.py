@@ -94,9 +94,14 @@ Generators = torch.Generator | Sequence[torch.Generator] | None
 def randn(shape: Sequence[int], generator: Generators, device: Any = None, dtype: Any = None):
     """``torch.randn(shape)`` from ``generator``, or, given one generator per row (a sequence of
     ``shape[0]``), each row from its own: a row's noise then does not depend on which other rows
-    share the batch (rollouts reproduce across batch sizes, workers and backends)."""
-    if generator is None or isinstance(generator, torch.Generator):
-        return torch.randn(tuple(shape), generator=generator, device=device, dtype=dtype)
+    share the batch (rollouts reproduce across batch sizes, workers and backends). Noise is drawn
+    on the generator's device and moved to ``device``: a CPU generator drives a CUDA policy, with
+    the same noise as on the CPU."""
+    if generator is None:
+        return torch.randn(tuple(shape), device=device, dtype=dtype)
+    if isinstance(generator, torch.Generator):
+        noise = torch.randn(tuple(shape), generator=generator, device=generator.device, dtype=dtype)
+        return noise.to(device)
     if len(generator) != shape[0]:
         raise ValueError(f"got {len(generator)} generators for a batch of {shape[0]}")
     rows = [torch.randn(tuple(shape[1:]), generator=g, dtype=dtype) for g in generator]

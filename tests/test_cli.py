@@ -103,6 +103,28 @@ def test_bench_train_compares_kept_memory_with_glibc_default(capsys) -> None:
         assert row["speedup"] == pytest.approx(row["steps_per_s"] / base["steps_per_s"])
 
 
+@pytest.mark.parametrize(
+    "target, device, message",
+    [
+        ("policy", "gpu0", "device='gpu0' is not a device"),
+        ("reward", "cuda:x", "device='cuda:x' is not a device"),
+        ("train", "warp", "device='warp' is not a device"),
+    ],
+)
+def test_bench_names_a_bad_device(capsys, target: str, device: str, message: str) -> None:
+    assert main(["bench", target, "--device", device]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cuda_on_a_machine_without_it_is_a_clear_error(capsys) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["bench", "reward", "--device", "cuda"]) == 2
+    assert "device='cuda', but CUDA is not available here" in capsys.readouterr().err
+
+
 def test_bench_policy_reports_every_policy_against_ddim(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -26,10 +26,17 @@ CHECKPOINT_PREFIX = "step-"
 
 
 def resolve_device(device: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; anything else is passed to torch."""
+    """``auto`` -> CUDA when available, else CPU; anything else is passed to torch. ValueError
+    naming the setting for a device torch does not know or this machine does not have."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"device={device!r} is not a device: {error}") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}, but CUDA is not available here (use auto or cpu)")
+    return resolved
 
 
 @dataclass
