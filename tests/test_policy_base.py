@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -282,3 +283,19 @@ def test_config_from_dataset_features() -> None:
     assert MLPPolicy.config_from_dataset(features, env_state_dim=0).env_state_dim == 0
     with pytest.raises(ValueError, match="action"):
         MLPPolicy.config_from_dataset({STATE: features[STATE]})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["mlp", "test_diffusion", "test_flow", "test_vla"])
+def test_cuda_policy_with_a_cpu_generator_samples_what_the_cpu_policy_samples(kind: str) -> None:
+    """Rollouts seed CPU generators; a policy on the GPU must take them and draw the same noise."""
+    if kind == "mlp":
+        policy, o, text = small_policy(), obs(batch=4), ["pick"] * 4
+    else:  # the policy's own test module builds its tiny policy and observations
+        helpers = importlib.import_module(kind)
+        policy, o, text = helpers.tiny_policy(), helpers.observations(), helpers.INSTRUCTIONS
+    cpu = policy.act(o, text, generator=torch.Generator().manual_seed(1))
+    gpu = policy.to("cuda").act(o, text, generator=torch.Generator().manual_seed(1))
+    assert gpu.actions.device.type == "cuda"
+    torch.testing.assert_close(gpu.actions.cpu(), cpu.actions, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(gpu.log_prob.cpu(), cpu.log_prob, atol=1e-3, rtol=1e-4)
