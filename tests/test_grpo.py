@@ -101,6 +101,30 @@ def test_grpo_loss_matches_hand_computation(agg: str, p: float) -> None:
         assert stats["clip_fraction"] == pytest.approx(outside) and outside > 0
 
 
+def test_traj_mean_weighs_every_trajectory_equally_however_long() -> None:
+    """Two rollouts of one group, advantages +1 (a 1-decision success) and -1 (a 3-decision
+    timeout), ratio 1: token-mean pushes down on balance, traj-mean does not."""
+    logp = torch.full((4, 2), -1.0)
+    adv = torch.tensor([1.0, -1.0, -1.0, -1.0])
+    mask = torch.ones(4, 2, dtype=torch.bool)
+    owner = torch.tensor([0, 1, 1, 1])
+    elements = torch.zeros(2).index_add(0, owner, mask.sum(-1).float())  # [2, 6]
+    weights = 1.0 / elements[owner]
+    token, _ = grpo_loss(logp, logp, adv, mask, agg="token-mean")
+    traj, _ = grpo_loss(logp, logp, adv, mask, agg="traj-mean", weights=weights)
+    assert token.item() == pytest.approx((-1 * 2 + 1 * 6) / 8)  # -mean(A) over 8 elements
+    assert traj.item() == pytest.approx(0.0, abs=1e-6)  # each rollout's mean (-1, +1), then theirs
+    # with the ratios off 1: each trajectory's clipped element mean, then the mean of the two
+    new = logp + torch.tensor([[0.1, -0.1], [0.3, 0.0], [-0.3, 0.2], [0.0, 0.0]])
+    loss, _ = grpo_loss(new, logp, adv, mask, agg="traj-mean", weights=weights)
+    r = torch.exp(new - logp)
+    first = -torch.minimum(r[0], r[0].clamp(0.8, 1.28)).mean()
+    second = torch.maximum(r[1:], r[1:].clamp(0.8, 1.28)).mean()  # -min(-r, -clip) = max
+    assert loss.item() == pytest.approx(((first + second) / 2).item(), rel=1e-5)
+    with pytest.raises(ValueError, match="traj-mean"):
+        grpo_loss(logp, logp, adv, mask, agg="traj-mean")
+
+
 def test_asymmetric_clip_and_kl_by_hand() -> None:
     # One element, ratio e^0.5 = 1.65 with A > 0: clipped at 1 + clip_high = 1.28.
     one = torch.ones(1, 1, dtype=torch.bool)

@@ -26,8 +26,11 @@ bottom:
        L      = agg(L_clip) + kl_coef * agg(k3)
 
    ``agg`` is ``token-mean`` (over all elements), ``seq-mean-token-mean`` (elements of a
-   decision, then decisions) or ``holder``: the decision's ratio is the Hölder mean
-   ``(mean_j rho_j^p)^(1/p)`` of its element ratios (p = 0: geometric mean), clipped as above.
+   decision, then decisions), ``traj-mean`` (elements of a trajectory, then trajectories:
+   GRPO's 1/|o_i| with the trajectory as the sequence, so a group's advantages, which sum to
+   zero, push up and down equally however long each rollout ran) or ``holder``: the decision's
+   ratio is the Hölder mean ``(mean_j rho_j^p)^(1/p)`` of its element ratios (p = 0: geometric
+   mean), clipped as above.
 
 Before the first update of every iteration the recomputed log-probs must equal the ones recorded
 at sampling time (ratio 1 within ``ratio_tolerance``): otherwise the run stops with a message
@@ -66,7 +69,7 @@ from embodied.train.online import (
     rollout_groups,
 )
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "holder")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "traj-mean", "holder")
 REWARDS = ("learned", "privileged", "success")
 
 
@@ -95,7 +98,7 @@ class GRPOConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = 0.0
-    loss_agg: str = "token-mean"
+    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | traj-mean | holder
     holder_p: float = 1.0
     adv_eps: float = 1e-6
     ratio_tolerance: float = 1e-3
@@ -191,9 +194,11 @@ def grpo_loss(
     holder_p: float = 1.0,
     ref_log_prob: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO loss of a minibatch of decisions: log-probs ``[N, K]`` (K elements, ``mask``
-    marks the real ones), advantages ``[N]``; and its statistics (clip fraction, ratio, KL)."""
+    marks the real ones), advantages ``[N]``; and its statistics (clip fraction, ratio, KL).
+    ``traj-mean`` needs ``weights [N]``: 1 / (real elements of the decision's trajectory)."""
     mask = mask.to(log_prob.dtype)
     ratio = torch.exp(log_prob - old_log_prob)
     adv = advantages.to(log_prob.dtype)
@@ -208,6 +213,11 @@ def grpo_loss(
             policy_loss = masked_mean(per, mask)
         elif agg == "seq-mean-token-mean":
             policy_loss = ((per * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+        elif agg == "traj-mean":
+            if weights is None:
+                raise ValueError("loss_agg='traj-mean' needs per-decision weights")
+            w = mask * weights.to(log_prob.dtype)[:, None]
+            policy_loss = (per * w).sum() / w.sum().clamp(min=1e-12)
         else:
             raise ValueError(f"loss_agg must be one of {AGGREGATIONS}, got {agg!r}")
         outside = (ratio < 1 - clip_low) | (ratio > 1 + clip_high)
@@ -425,6 +435,10 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 log["score/advantage_abs_mean"] = float(np.abs(advantages).mean())
                 log["update/decisions"] = float(len(data))
                 log["update/entropy_proxy"] = float(-data.old_log_prob.sum(-1).mean())
+                elements = torch.zeros(len(kept)).index_add(
+                    0, data.trajectory, data.mask.sum(-1).float()
+                )
+                weights = 1.0 / elements[data.trajectory]  # for traj-mean
 
                 # 5. epochs of minibatches
                 t2 = time.perf_counter()
@@ -434,7 +448,8 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 for _ in range(cfg.epochs):
                     order = rng.permutation(len(data))
                     for s in range(0, len(order), cfg.minibatch_size):
-                        batch = data.take(order[s : s + cfg.minibatch_size])
+                        batch_rows = order[s : s + cfg.minibatch_size]
+                        batch = data.take(batch_rows)
                         log_prob = element_log_probs(policy, batch, device)
                         if first:
                             log["update/first_ratio_error"] = check_ratio(
@@ -456,6 +471,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                             cfg.holder_p,
                             ref,
                             cfg.kl_coef,
+                            weights[torch.as_tensor(batch_rows)].to(device),
                         )
                         st["grad_norm"] = optimizer_step(
                             loss, policy, optimizer, cfg.optim.max_grad_norm,
