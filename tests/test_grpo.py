@@ -262,8 +262,9 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
-def test_grpo_updates_logs_and_resumes_exactly(saved, tmp_path: Path) -> None:
-    run = train_grpo(_cfg(saved, tmp_path / "full", eval_sampled=True))
+@pytest.mark.parametrize("agg", ["token-mean", "traj-mean"])
+def test_grpo_updates_logs_and_resumes_exactly(saved, tmp_path: Path, agg: str) -> None:
+    run = train_grpo(_cfg(saved, tmp_path / "full", eval_sampled=True, loss_agg=agg))
     rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
     iteration = [r for r in rows if "update/policy_loss" in r]
     assert [r["step"] for r in iteration] == [1, 2]
@@ -284,7 +285,9 @@ def test_grpo_updates_logs_and_resumes_exactly(saved, tmp_path: Path) -> None:
     shutil.copytree(run.path, part)
     shutil.rmtree(part / "checkpoints" / "step-0000002")
     shutil.rmtree(part / "policy")
-    resumed = train_grpo(_cfg(saved, tmp_path / "unused", resume=str(part), eval_sampled=True))
+    resumed = train_grpo(
+        _cfg(saved, tmp_path / "unused", resume=str(part), eval_sampled=True, loss_agg=agg)
+    )
     assert resumed.path == part
     again = _weights(resumed.path / "policy")
     for key in final:
