@@ -67,6 +67,7 @@ from embodied.train.online import (
     mean_stats,
     optimizer_step,
     rollout_groups,
+    trajectory_totals,
 )
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "traj-mean", "holder")
@@ -435,10 +436,8 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 log["score/advantage_abs_mean"] = float(np.abs(advantages).mean())
                 log["update/decisions"] = float(len(data))
                 log["update/entropy_proxy"] = float(-data.old_log_prob.sum(-1).mean())
-                elements = torch.zeros(len(kept)).index_add(
-                    0, data.trajectory, data.mask.sum(-1).float()
-                )
-                weights = 1.0 / elements[data.trajectory]  # for traj-mean
+                # traj-mean's weights: 1 / the real elements of the decision's trajectory
+                elements = trajectory_totals(data.mask.sum(-1).float(), data.trajectory, len(kept))
 
                 # 5. epochs of minibatches
                 t2 = time.perf_counter()
@@ -448,8 +447,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 for _ in range(cfg.epochs):
                     order = rng.permutation(len(data))
                     for s in range(0, len(order), cfg.minibatch_size):
-                        batch_rows = order[s : s + cfg.minibatch_size]
-                        batch = data.take(batch_rows)
+                        batch = data.take(order[s : s + cfg.minibatch_size])
                         log_prob = element_log_probs(policy, batch, device)
                         if first:
                             log["update/first_ratio_error"] = check_ratio(
@@ -471,7 +469,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                             cfg.holder_p,
                             ref,
                             cfg.kl_coef,
-                            weights[torch.as_tensor(batch_rows)].to(device),
+                            (1.0 / elements[batch.trajectory]).to(device),
                         )
                         st["grad_norm"] = optimizer_step(
                             loss, policy, optimizer, cfg.optim.max_grad_norm,

@@ -89,6 +89,15 @@ class Decisions:
         )
 
 
+def trajectory_totals(
+    per_decision: torch.Tensor, trajectory: torch.Tensor, size: int
+) -> torch.Tensor:
+    """``[size]``: the sum of ``per_decision`` ``[N]`` over each trajectory's decisions
+    (``trajectory [N]`` says whose); 0 for a trajectory with none."""
+    zeros = torch.zeros(size, device=per_decision.device, dtype=per_decision.dtype)
+    return zeros.index_add(0, trajectory.to(per_decision.device), per_decision)
+
+
 def collect_decisions(trajs: list[Any], advantages: np.ndarray, n_obs_steps: int) -> Decisions:
     """Flatten the trajectories' decisions, each with its trajectory's advantage."""
     from embodied.rollout import decision_windows

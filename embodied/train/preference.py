@@ -53,6 +53,7 @@ from embodied.train.online import (
     mean_stats,
     optimizer_step,
     rollout_groups,
+    trajectory_totals,
 )
 
 
@@ -126,12 +127,10 @@ def per_trajectory(
 ) -> torch.Tensor:
     """``[size]``: the masked sum of ``element_values`` ``[N, K]`` over each trajectory's decisions
     (``batch.trajectory`` says whose), or their mean over the elements with ``normalize``."""
-    mask = batch.mask.to(element_values.device)
-    index = batch.trajectory.to(element_values.device)
-    zeros = torch.zeros(size, device=element_values.device, dtype=element_values.dtype)
-    totals = zeros.index_add(0, index, (element_values * mask).sum(-1))
+    mask = batch.mask.to(element_values.device, element_values.dtype)
+    totals = trajectory_totals((element_values * mask).sum(-1), batch.trajectory, size)
     if normalize:
-        totals = totals / zeros.index_add(0, index, mask.sum(-1).to(zeros.dtype)).clamp(min=1)
+        totals = totals / trajectory_totals(mask.sum(-1), batch.trajectory, size).clamp(min=1)
     return totals
 
 
