@@ -126,3 +126,32 @@ def test_tpo_trains_and_logs(tmp_path: Path, length_normalize: bool) -> None:
         train_tpo(TPOConfig(policy=str(tmp_path / "policy"), objective="speed"))
     with pytest.raises(ValueError, match="sft_weight"):
         train_tpo(TPOConfig(policy=str(tmp_path / "policy"), sft_weight=-1.0))
+
+
+@pytest.mark.parametrize("length_normalize", [False, True])
+def test_tpo_round_starts_at_the_reference_and_moves_winners_up(
+    tmp_path: Path, length_normalize: bool
+) -> None:
+    """One minibatch per epoch, two epochs: the first sits exactly at the round's reference (each
+    trajectory's recomputed log pi(tau) against its own sampling log-prob: margin 0, loss log 2);
+    the second, after one update, ranks every winner above its loser."""
+    torch.manual_seed(0)
+    stats = {
+        "observation.state": {"mean": np.zeros(4), "std": np.full(4, 0.1)},
+        "observation.environment_state": {"mean": np.zeros(39), "std": np.ones(39)},
+        "action": {"min": -np.ones(4), "max": np.ones(4)},
+    }
+    policy = make_policy("mlp", state_dim=4, action_dim=4, env_state_dim=39, hidden=[32])
+    policy.fit_normalizers(stats).save_pretrained(tmp_path / "policy")
+    cfg = TPOConfig(
+        policy=str(tmp_path / "policy"), task="Reach", rounds=1, groups=2, group_size=3,
+        eval_episodes=0, out=str(tmp_path), device="cpu", pairs="all", epochs=2,
+        pairs_per_batch=100, length_normalize=length_normalize,
+    )  # fmt: skip
+    cfg.optim.lr = 1e-3
+    run = train_tpo(cfg)
+    (row,) = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert row["rank/pairs"] > 0
+    # Means over the two minibatches: (0 + m2) / 2 with m2 > 0, (0 + 1) / 2 of pairs ranked right.
+    assert row["update/reward_margin"] > 0 and row["update/accuracy"] == 0.5
+    assert math.log(2) / 2 < row["update/loss"] < math.log(2)

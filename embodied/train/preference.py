@@ -134,21 +134,10 @@ def per_trajectory(
     return totals
 
 
-def trajectory_log_probs(
-    policy: Any,
-    data: Any,
-    trajectories: list[int],
-    device: torch.device,
-    normalize: bool = False,
-) -> torch.Tensor:
-    """``log pi(tau)`` ``[len(trajectories)]``: the sum (or with ``normalize`` the mean) of the
-    element log-probs of every decision of each listed trajectory, with gradients."""
+def decisions_of(data: Any, trajectories: list[int]) -> Any:
+    """The decisions (``Decisions`` rows) of the listed trajectories."""
     index = torch.as_tensor(trajectories, dtype=torch.long)
-    rows = torch.nonzero(torch.isin(data.trajectory, index)).squeeze(-1).numpy()
-    batch = data.take(rows)
-    size = int(data.trajectory.max()) + 1
-    totals = per_trajectory(element_log_probs(policy, batch, device), batch, size, normalize)
-    return totals[index.to(device)]
+    return data.take(torch.nonzero(torch.isin(data.trajectory, index)).squeeze(-1).numpy())
 
 
 def train_tpo(cfg: TPOConfig) -> RunDir:
@@ -216,8 +205,8 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                         ref = per_trajectory(data.old_log_prob, data, len(trajs), norm)
                     else:
                         with torch.no_grad():
-                            everyone = list(range(len(trajs)))
-                            ref = trajectory_log_probs(initial, data, everyone, device, norm).cpu()
+                            element = element_log_probs(initial, data, device)
+                            ref = per_trajectory(element, data, len(trajs), norm).cpu()
                     rng = np.random.default_rng([cfg.seed, round_])
                     stats, first = [], True
                     for _ in range(cfg.epochs):
@@ -226,18 +215,16 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                             chosen = [pairs[i] for i in order[s : s + cfg.pairs_per_batch]]
                             w = [p[0] for p in chosen]
                             lo = [p[1] for p in chosen]
+                            batch = decisions_of(data, w + lo)
+                            element = element_log_probs(policy, batch, device)
                             if first:  # recomputation must match sampling before any update
-                                rows = torch.nonzero(
-                                    torch.isin(data.trajectory, torch.tensor(w))
-                                ).squeeze(-1)
-                                batch = data.take(rows.numpy())
                                 log["update/first_ratio_error"] = check_ratio(
-                                    element_log_probs(policy, batch, device),
-                                    batch,
-                                    cfg.ratio_tolerance,
+                                    element, batch, cfg.ratio_tolerance
                                 )
                                 first = False
-                            both = trajectory_log_probs(policy, data, w + lo, device, norm)
+                            # log pi(tau) of the winners, then the losers
+                            totals = per_trajectory(element, batch, len(trajs), norm)
+                            both = totals[torch.as_tensor(w + lo, device=totals.device)]
                             loss, st = tpo_loss(
                                 both[: len(w)],
                                 ref[w].to(device),
