@@ -17,6 +17,7 @@ joins an existing cluster.
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Sequence
@@ -126,7 +127,8 @@ class RayRollouts:
                 kwargs["num_cpus"] = cfg.num_cpus
             ray.init(**kwargs)
         remote = ray.remote(num_cpus=1)(RolloutWorker)
-        cpu_policy = policy.to("cpu")
+        # A CPU copy for the workers: Module.to moves in place, and the learner keeps its device.
+        cpu_policy = copy.deepcopy(policy).to("cpu")
         self.workers = [
             remote.remote(task, env_kwargs, cpu_policy, cfg.envs_per_worker)
             for _ in range(cfg.workers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -155,3 +156,53 @@ def test_tpo_round_starts_at_the_reference_and_moves_winners_up(
     # Means over the two minibatches: (0 + m2) / 2 with m2 > 0, (0 + 1) / 2 of pairs ranked right.
     assert row["update/reward_margin"] > 0 and row["update/accuracy"] == 0.5
     assert math.log(2) / 2 < row["update/loss"] < math.log(2)
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_tpo_resumes_exactly(tmp_path: Path, backend: str) -> None:
+    """Killed after round 1 and resumed from its checkpoint, a run ends with the uninterrupted
+    run's weights; with Ray the workers must roll round 2 out with the resumed weights, not the
+    starting ones."""
+    from safetensors.torch import load_file
+
+    if backend == "ray":
+        ray = pytest.importorskip("ray")
+    torch.manual_seed(0)
+    stats = {
+        "observation.state": {"mean": np.zeros(4), "std": np.full(4, 0.1)},
+        "observation.environment_state": {"mean": np.zeros(39), "std": np.ones(39)},
+        "action": {"min": -np.ones(4), "max": np.ones(4)},
+    }
+    policy = make_policy("mlp", state_dim=4, action_dim=4, env_state_dim=39, hidden=[32])
+    policy.fit_normalizers(stats).save_pretrained(tmp_path / "policy")
+
+    def cfg(out: Path, resume: str = "") -> TPOConfig:
+        c = TPOConfig(
+            policy=str(tmp_path / "policy"), task="Reach", rounds=2, groups=2, group_size=3,
+            eval_episodes=0, save_every=1, out=str(out), device="cpu", pairs="all",
+            resume=resume,
+        )  # fmt: skip
+        c.optim.lr = 1e-2  # large enough that round 1's update changes round 2's rollouts
+        c.distributed.backend = backend
+        c.distributed.workers, c.distributed.envs_per_worker, c.distributed.num_cpus = 2, 3, 2
+        return c
+
+    try:
+        run = train_tpo(cfg(tmp_path / "full"))
+        part = tmp_path / "part"
+        shutil.copytree(run.path, part)
+        shutil.rmtree(part / "checkpoints" / "step-0000002")
+        shutil.rmtree(part / "policy")
+        resumed = train_tpo(cfg(tmp_path / "unused", resume=str(part)))
+    finally:
+        if backend == "ray":
+            ray.shutdown()
+    assert resumed.path == part
+    final = load_file(str(run.path / "policy" / "model.safetensors"))
+    again = load_file(str(part / "policy" / "model.safetensors"))
+    for key in final:
+        torch.testing.assert_close(again[key], final[key], rtol=0, atol=0)
+    rows = [json.loads(x) for x in (part / "metrics.jsonl").read_text().splitlines()]
+    full = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["rollout/success_rate"] == full[-1]["rollout/success_rate"]
+    assert rows[-1]["rank/cost_mean"] == full[-1]["rank/cost_mean"]

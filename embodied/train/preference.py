@@ -160,7 +160,6 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
     kwargs = env_kwargs(policy, None)
     n_obs = int(getattr(policy.config, "n_obs_steps", 1))
     num_envs = cfg.num_envs or cfg.groups * cfg.group_size
-    rollouts = make_rollouts(cfg.distributed, cfg.task, kwargs, policy, num_envs)
     probe = sims.make(cfg.task, obs_mode="state")
     limit = probe.spec.max_episode_steps if probe.spec is not None else None
     probe.close()
@@ -171,6 +170,8 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
     checkpoint = latest_checkpoint(run.checkpoints) if cfg.resume else None
     if checkpoint is not None:
         start, _ = load_checkpoint(checkpoint, policy, optimizer, scheduler)
+    # After the checkpoint: Ray workers copy the weights they are built with.
+    rollouts = make_rollouts(cfg.distributed, cfg.task, kwargs, policy, num_envs)
 
     try:
         with run.metrics() as metrics:
