@@ -206,3 +206,15 @@ def test_tpo_resumes_exactly(tmp_path: Path, backend: str) -> None:
     full = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["rollout/success_rate"] == full[-1]["rollout/success_rate"]
     assert rows[-1]["rank/cost_mean"] == full[-1]["rank/cost_mean"]
+
+
+def test_shipped_config_loads_with_the_command_line_overrides() -> None:
+    from embodied.cli import build_parser
+    from embodied.config import load_config
+
+    config = Path(__file__).parents[1] / "configs" / "tpo_vla.yaml"
+    args = build_parser().parse_args(["train", "tpo", str(config), "policy=p", "rounds=3"])
+    cfg = load_config(TPOConfig, args.config, args.overrides)
+    assert (cfg.policy, cfg.rounds, cfg.task, cfg.pairs) == ("p", 3, "Reach", "all")
+    assert (cfg.beta, cfg.sft_weight, cfg.length_normalize) == (0.1, 0.05, False)
+    assert cfg.policy_overrides == {"temperature": 0.7}
