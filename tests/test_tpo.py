@@ -93,8 +93,8 @@ def test_trajectory_log_prob_sum_and_length_normalised_mean_by_hand() -> None:
     assert means.tolist() == [-6.0, -3.0, 0.0]  # (-1-2-3-4-5) / 5 elements; none for the third
 
 
-@pytest.mark.parametrize("length_normalize", [False, True])
-def test_tpo_trains_and_logs(tmp_path: Path, length_normalize: bool) -> None:
+def _save_policy(path: Path) -> None:
+    """A tiny Gaussian MLP policy for Reach's state observations, saved at ``path``."""
     torch.manual_seed(0)
     stats = {
         "observation.state": {"mean": np.zeros(4), "std": np.full(4, 0.1)},
@@ -102,7 +102,12 @@ def test_tpo_trains_and_logs(tmp_path: Path, length_normalize: bool) -> None:
         "action": {"min": -np.ones(4), "max": np.ones(4)},
     }
     policy = make_policy("mlp", state_dim=4, action_dim=4, env_state_dim=39, hidden=[32])
-    policy.fit_normalizers(stats).save_pretrained(tmp_path / "policy")
+    policy.fit_normalizers(stats).save_pretrained(path)
+
+
+@pytest.mark.parametrize("length_normalize", [False, True])
+def test_tpo_trains_and_logs(tmp_path: Path, length_normalize: bool) -> None:
+    _save_policy(tmp_path / "policy")
     cfg = TPOConfig(
         policy=str(tmp_path / "policy"), task="Reach", rounds=2, groups=2, group_size=3,
         eval_episodes=2, eval_every=1, out=str(tmp_path), device="cpu", pairs="all",
@@ -136,14 +141,7 @@ def test_tpo_round_starts_at_the_reference_and_moves_winners_up(
     """One minibatch per epoch, two epochs: the first sits exactly at the round's reference (each
     trajectory's recomputed log pi(tau) against its own sampling log-prob: margin 0, loss log 2);
     the second, after one update, ranks every winner above its loser."""
-    torch.manual_seed(0)
-    stats = {
-        "observation.state": {"mean": np.zeros(4), "std": np.full(4, 0.1)},
-        "observation.environment_state": {"mean": np.zeros(39), "std": np.ones(39)},
-        "action": {"min": -np.ones(4), "max": np.ones(4)},
-    }
-    policy = make_policy("mlp", state_dim=4, action_dim=4, env_state_dim=39, hidden=[32])
-    policy.fit_normalizers(stats).save_pretrained(tmp_path / "policy")
+    _save_policy(tmp_path / "policy")
     cfg = TPOConfig(
         policy=str(tmp_path / "policy"), task="Reach", rounds=1, groups=2, group_size=3,
         eval_episodes=0, out=str(tmp_path), device="cpu", pairs="all", epochs=2,
@@ -167,14 +165,7 @@ def test_tpo_resumes_exactly(tmp_path: Path, backend: str) -> None:
 
     if backend == "ray":
         ray = pytest.importorskip("ray")
-    torch.manual_seed(0)
-    stats = {
-        "observation.state": {"mean": np.zeros(4), "std": np.full(4, 0.1)},
-        "observation.environment_state": {"mean": np.zeros(39), "std": np.ones(39)},
-        "action": {"min": -np.ones(4), "max": np.ones(4)},
-    }
-    policy = make_policy("mlp", state_dim=4, action_dim=4, env_state_dim=39, hidden=[32])
-    policy.fit_normalizers(stats).save_pretrained(tmp_path / "policy")
+    _save_policy(tmp_path / "policy")
 
     def cfg(out: Path, resume: str = "") -> TPOConfig:
         c = TPOConfig(
