@@ -43,14 +43,18 @@ def keypoint_distances(info: Mapping[str, Any]) -> np.ndarray:
 
 
 def cost_terms(traj: Any, limit: int | None = None) -> dict[str, float]:
-    """Every cost term of one trajectory (keypoints only when its info has the keypoints)."""
+    """The cost terms one trajectory's info can give: ``progress``, ``collisions`` and
+    ``keypoints`` only when the env recorded them (Meta-World records no collisions), so a
+    weighting that needs a missing one is refused rather than scored with a made-up value."""
     info = traj.info
     terms = {
         "failure": 0.0 if traj.success else 1.0,
-        "progress": 1.0 - float(np.asarray(info["progress"])[-1]) if "progress" in info else 1.0,
-        "collisions": float(np.sum(info["collisions"])) if "collisions" in info else 0.0,
         "steps": traj.length / float(limit or max(traj.length, 1)),
     }
+    if "progress" in info and traj.length:
+        terms["progress"] = 1.0 - float(np.asarray(info["progress"])[-1])
+    if "collisions" in info:
+        terms["collisions"] = float(np.sum(info["collisions"]))
     if "ee_pos" in info and "goal_pos" in info and traj.length:
         terms["keypoints"] = float(keypoint_distances(info).mean())
     return terms
@@ -79,7 +83,10 @@ class TrajectoryCost:
         terms = cost_terms(traj, self.limit)
         missing = [k for k, w in self.weights.items() if w and k not in terms]
         if missing:
-            raise ValueError(f"the trajectory's info cannot give cost terms {missing}")
+            raise ValueError(
+                f"the trajectory's info cannot give cost terms {missing} (info keys: "
+                f"{sorted(traj.info)}); set their weights to 0 in cost_weights"
+            )
         return float(sum(w * terms[k] for k, w in self.weights.items() if w))
 
     def batch(self, trajs: Sequence[Any]) -> np.ndarray:

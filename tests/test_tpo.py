@@ -55,6 +55,24 @@ def test_cost_terms_by_hand() -> None:
         TrajectoryCost.objective("fast")
 
 
+def test_cost_refuses_a_weighted_term_the_info_lacks() -> None:
+    """A safety ranking on an env that records no collisions (Meta-World) must not score every
+    rollout as collision-free; the success objective, which does not weigh them, still works."""
+    traj = _traj(
+        True, stages=[0, 1], ee=[[0, 0, 0], [0.3, 0, 0]], obj=[[0.3, 0, 0]] * 2,
+        goal=[0.3, 0.1, 0], collisions=[0, 0], progress_end=1.0,
+    )  # fmt: skip
+    del traj.info["collisions"]
+    assert "collisions" not in cost_terms(traj)
+    with pytest.raises(ValueError, match=r"cost terms \['collisions'\].*info keys"):
+        TrajectoryCost.objective("safety")(traj)
+    keypoints = (math.sqrt(0.1) + 0.1) / 2  # success, progress 1: the keypoint term alone
+    assert TrajectoryCost.objective("success")(traj) == pytest.approx(keypoints, abs=1e-6)
+    del traj.info["progress"]
+    with pytest.raises(ValueError, match=r"cost terms \['progress'\]"):
+        TrajectoryCost.objective("success")(traj)
+
+
 def test_preference_pairs_within_groups() -> None:
     costs = [0.5, 0.1, 0.9, 0.3, 1.0, 1.0, 1.0, 1.0]
     assert preference_pairs(costs, 4) == [(1, 2)]  # the tied group gives no pair

@@ -187,16 +187,15 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                 pairs = preference_pairs(costs, cfg.group_size, cfg.pairs, cfg.margin)
                 log = {
                     "rollout/success_rate": float(np.mean([t.success for t in trajs])),
-                    "rollout/collisions": float(
-                        np.mean([np.sum(t.info["collisions"]) for t in trajs])
-                    )
-                    if all("collisions" in t.info for t in trajs)
-                    else 0.0,
                     "rollout/mean_length": float(np.mean([t.length for t in trajs])),
                     "rank/cost_mean": float(costs.mean()),
                     "rank/pairs": float(len(pairs)),
                     "time/rollout": time.perf_counter() - t0,
                 }
+                if all("collisions" in t.info for t in trajs):  # not logged as 0 when unknown
+                    log["rollout/collisions"] = float(
+                        np.mean([np.sum(t.info["collisions"]) for t in trajs])
+                    )
                 t1 = time.perf_counter()
                 if pairs:
                     data = collect_decisions(trajs, np.zeros(len(trajs)), n_obs)
