@@ -51,8 +51,8 @@ def cost_terms(traj: Any, limit: int | None = None) -> dict[str, float]:
         "failure": 0.0 if traj.success else 1.0,
         "steps": traj.length / float(limit or max(traj.length, 1)),
     }
-    if "progress" in info and traj.length:
-        terms["progress"] = 1.0 - float(np.asarray(info["progress"])[-1])
+    if "progress" in info:  # no step taken (an env error at the start): nothing reached
+        terms["progress"] = 1.0 - float(np.asarray(info["progress"])[-1]) if traj.length else 1.0
     if "collisions" in info:
         terms["collisions"] = float(np.sum(info["collisions"]))
     if "ee_pos" in info and "goal_pos" in info and traj.length:
