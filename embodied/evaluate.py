@@ -90,6 +90,14 @@ class EvalResult:
         return out
 
 
+def collisions_per_episode(trajectories: Sequence[Any]) -> float | None:
+    """Mean collision steps per episode; None when some episode's env recorded no collisions
+    (Meta-World), rather than a made-up 0."""
+    if not all("collisions" in t.info for t in trajectories):
+        return None
+    return float(np.mean([np.sum(t.info["collisions"]) for t in trajectories]))
+
+
 def summarize(task: str, trajectories: Sequence[Any]) -> EvalResult:
     """Aggregate one task's trajectories (their privileged ``info``) into an ``EvalResult``."""
     if not trajectories:
@@ -97,10 +105,9 @@ def summarize(task: str, trajectories: Sequence[Any]) -> EvalResult:
     outcomes = [episode_success(t) for t in trajectories]
     wins = int(sum(outcomes))
     low, high = wilson_interval(wins, len(outcomes))
-    has = {k: all(k in t.info for t in trajectories) for k in ("collisions", "progress")}
     curves = (
         [np.asarray(t.info["progress"], dtype=float).tolist() for t in trajectories]
-        if has["progress"]
+        if all("progress" in t.info for t in trajectories)
         else []
     )
     return EvalResult(
@@ -111,11 +118,7 @@ def summarize(task: str, trajectories: Sequence[Any]) -> EvalResult:
         ci_low=low,
         ci_high=high,
         mean_length=float(np.mean([t.length for t in trajectories])),
-        collisions_per_episode=(
-            float(np.mean([np.sum(t.info["collisions"]) for t in trajectories]))
-            if has["collisions"]
-            else None
-        ),
+        collisions_per_episode=collisions_per_episode(trajectories),
         final_progress=float(np.mean([c[-1] for c in curves if c])) if curves else None,
         instructions=[t.instruction for t in trajectories],
         progress_curves=curves,

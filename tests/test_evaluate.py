@@ -70,6 +70,8 @@ def test_summary_counts_a_success_raised_at_any_step() -> None:
     metrics = result.metrics()
     assert metrics["eval/Push/success_rate"] == pytest.approx(2 / 3)
     assert metrics["eval/Push/collisions"] == pytest.approx(4 / 3)
+    del trajs[1].info["collisions"]  # an env that does not count them: unknown, not 0
+    assert summarize("Push", trajs).collisions_per_episode is None
 
 
 def test_suite_tasks_expand_presets_and_name_unknown_tasks() -> None:

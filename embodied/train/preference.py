@@ -143,6 +143,7 @@ def decisions_of(data: Any, trajectories: list[int]) -> Any:
 def train_tpo(cfg: TPOConfig) -> RunDir:
     """Run TPO; return the run directory (final policy in ``policy/``)."""
     import embodied.sims as sims
+    from embodied.evaluate import collisions_per_episode
     from embodied.rewards.costs import OBJECTIVES, TrajectoryCost, preference_pairs
 
     if cfg.objective not in OBJECTIVES:
@@ -192,10 +193,9 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                     "rank/pairs": float(len(pairs)),
                     "time/rollout": time.perf_counter() - t0,
                 }
-                if all("collisions" in t.info for t in trajs):  # not logged as 0 when unknown
-                    log["rollout/collisions"] = float(
-                        np.mean([np.sum(t.info["collisions"]) for t in trajs])
-                    )
+                collisions = collisions_per_episode(trajs)
+                if collisions is not None:  # not logged as 0 when the env does not count them
+                    log["rollout/collisions"] = collisions
                 t1 = time.perf_counter()
                 if pairs:
                     data = collect_decisions(trajs, np.zeros(len(trajs)), n_obs)
