@@ -12,7 +12,7 @@ from embodied.collect import CollectConfig, run_collect
 from embodied.policies import Policy
 from embodied.run import read_metrics
 from embodied.train.bc import BCConfig, train_bc
-from embodied.train.common import latest_checkpoint
+from embodied.train.common import OptimConfig, latest_checkpoint, make_optimizer
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +142,25 @@ def test_evaluating_a_policy_of_another_action_size_names_both_shapes() -> None:
     policy = MLPPolicy(MLPConfig(state_dim=4, action_dim=7))
     with pytest.raises(ValueError, match=r"shape \(7,\).*Reach.*shape \(4,\)"):
         evaluate_policy(policy, "Reach", 1, 0, {"obs_mode": "state"})
+
+
+def test_learning_rate_schedules_warm_up_then_decay_or_hold() -> None:
+    """Cosine ends at 0 on the last step; constant holds lr after the warm-up; a typo is named."""
+
+    def rates(schedule: str) -> list[float]:
+        param = torch.nn.Parameter(torch.zeros(1))
+        cfg = OptimConfig(lr=1e-3, warmup_steps=2, schedule=schedule)
+        optimizer, scheduler = make_optimizer([param], cfg, total_steps=6)
+        seen = []
+        for _ in range(7):
+            seen.append(scheduler.get_last_lr()[0])
+            optimizer.step()
+            scheduler.step()
+        return seen
+
+    assert rates("constant") == pytest.approx([5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3])
+    cosine = rates("cosine")
+    assert cosine[:3] == pytest.approx([5e-4, 1e-3, 1e-3])
+    assert cosine[4] == pytest.approx(5e-4) and cosine[6] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="optim.schedule='cosin'"):
+        make_optimizer([torch.nn.Parameter(torch.zeros(1))], OptimConfig(schedule="cosin"), 6)

@@ -41,19 +41,27 @@ def resolve_device(device: str) -> torch.device:
 
 @dataclass
 class OptimConfig:
-    """AdamW with linear warm-up then cosine decay (Diffusion Policy's recipe)."""
+    """AdamW with linear warm-up then cosine decay (Diffusion Policy's recipe), or a constant
+    rate after the warm-up (``schedule: constant``, as RL fine-tuning usually runs)."""
 
     lr: float = 1e-4
     weight_decay: float = 1e-6
     betas: tuple[float, float] = (0.95, 0.999)
     warmup_steps: int = 100
     max_grad_norm: float = 1.0
+    schedule: str = "cosine"
+
+
+SCHEDULES = ("cosine", "constant")
 
 
 def make_optimizer(
     params: Any, cfg: OptimConfig, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW and its schedule: lr ramps up over ``warmup_steps`` then follows a cosine to 0."""
+    """AdamW and its schedule: lr ramps up over ``warmup_steps``, then follows a cosine to 0 at
+    ``total_steps`` or stays at ``lr`` (``cfg.schedule``)."""
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"optim.schedule={cfg.schedule!r}: expected one of {SCHEDULES}")
     optimizer = torch.optim.AdamW(
         params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
     )
@@ -61,6 +69,8 @@ def make_optimizer(
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "constant":
+            return 1.0
         progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
         return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
