@@ -313,7 +313,7 @@ def test_shipped_config_loads_with_the_command_line_overrides() -> None:
     args = build_parser().parse_args(["train", "grpo", str(config), "policy=p", "reward=success"])
     cfg = load_config(GRPOConfig, args.config, args.overrides)
     assert (cfg.policy, cfg.reward, cfg.task, cfg.group_size) == ("p", "success", "PickPlace", 4)
-    assert (cfg.loss_agg, cfg.iterations) == ("traj-mean", 48)
+    assert (cfg.loss_agg, cfg.iterations, cfg.optim.schedule) == ("traj-mean", 48, "constant")
     assert cfg.policy_overrides == {"min_std": 0.05, "finetune_steps": 10}
     vla = load_config(GRPOConfig, str(config.with_name("grpo_vla.yaml")), ["policy=p"])
     assert (vla.task, vla.loss_agg) == ("Reach", "traj-mean")
