@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ast
-import ctypes
 import json
+import os
 import platform
 import re
 import subprocess
@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import embodied.sims as sims
-from embodied.allocator import keep_freed_memory
 from embodied.cli import main
 from embodied.rollout import rollout_episode
 from embodied.video import write_video
@@ -52,39 +51,63 @@ def test_bench_sim_reports_rates_against_raw_mujoco(capsys: pytest.CaptureFixtur
     assert rows[1]["steps_per_s"] < rows[0]["steps_per_s"]
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="a setting of glibc's malloc")
-def test_keep_freed_memory_serves_large_blocks_from_the_heap(monkeypatch) -> None:
-    libc = ctypes.CDLL(None)
-    libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
-    libc.free.argtypes = [ctypes.c_void_p]
+# Run in a fresh interpreter: malloc only maps a large block when no free chunk in the heap fits
+# it, and after earlier tests (run with memory kept, as `embodied` runs) the heap may hold one.
+MALLOC_PROBE = """
+import ctypes, json, sys
+from embodied.allocator import keep_freed_memory
 
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd",
-            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+libc = ctypes.CDLL(None)
+libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
 
-    libc.mallinfo2.restype = MallInfo2
-    size = 64 << 20  # above glibc's largest mmap threshold (32 MiB)
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd",
+        "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
-    def mapped_while_held() -> int:
-        """Bytes malloc mmapped for one large block (0: it came from the heap)."""
-        before = libc.mallinfo2().hblkhd
-        block = libc.malloc(size)
-        try:
-            return libc.mallinfo2().hblkhd - before
-        finally:
-            libc.free(block)
+libc.mallinfo2.restype = MallInfo2
+size = 64 << 20  # above glibc's largest mmap threshold (32 MiB)
 
+def mapped_while_held():
+    before = libc.mallinfo2().hblkhd  # bytes malloc mmapped (0 more: it came from the heap)
+    block = libc.malloc(size)
     try:
-        assert keep_freed_memory(False, respect_environment=False)
-        assert mapped_while_held() >= size  # glibc's default: a fresh mapping per large block
-        assert keep_freed_memory(True, respect_environment=False)
-        assert mapped_while_held() == 0  # kept: served from (and freed back to) the heap
-        monkeypatch.setenv("MALLOC_MMAP_MAX_", "65536")
-        assert not keep_freed_memory(False)  # the user's own malloc settings win
-        assert mapped_while_held() == 0
+        return libc.mallinfo2().hblkhd - before
     finally:
-        keep_freed_memory(True, respect_environment=False)  # as `embodied` runs
+        libc.free(block)
+
+rows = []
+for keep, respect in json.loads(sys.argv[1]):
+    rows.append([keep_freed_memory(keep, respect_environment=respect), mapped_while_held(), size])
+print(json.dumps(rows))
+"""
+
+
+def malloc_probe(steps: list[tuple[bool, bool]], env: dict[str, str]) -> list[list]:
+    """In a fresh interpreter, per (keep, respect_environment): applied?, bytes mapped, size."""
+    out = subprocess.run(
+        [sys.executable, "-c", MALLOC_PROBE, json.dumps(steps)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="a setting of glibc's malloc")
+def test_keep_freed_memory_serves_large_blocks_from_the_heap() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    (default, kept, restored) = malloc_probe([(False, False), (True, False), (False, False)], env)
+    assert default[0] and default[1] >= default[2]  # glibc's default: a fresh mapping per block
+    assert kept[0] and kept[1] == 0  # kept: served from (and freed back to) the heap
+    assert restored[0]  # the defaults can be put back
+
+    # The user's own malloc settings win: nothing is applied, their setting stays in force.
+    env["MALLOC_MMAP_MAX_"] = "0"
+    (user,) = malloc_probe([(False, True)], env)
+    assert user == [False, 0, user[2]]
 
 
 def test_bench_train_compares_kept_memory_with_glibc_default(capsys) -> None:
