@@ -51,6 +51,10 @@ class OptimConfig:
     max_grad_norm: float = 1.0
     schedule: str = "cosine"
 
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"optim.schedule={self.schedule!r}: expected one of {SCHEDULES}")
+
 
 SCHEDULES = ("cosine", "constant")
 
@@ -60,8 +64,6 @@ def make_optimizer(
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and its schedule: lr ramps up over ``warmup_steps``, then follows a cosine to 0 at
     ``total_steps`` or stays at ``lr`` (``cfg.schedule``)."""
-    if cfg.schedule not in SCHEDULES:
-        raise ValueError(f"optim.schedule={cfg.schedule!r}: expected one of {SCHEDULES}")
     optimizer = torch.optim.AdamW(
         params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
     )
