@@ -64,9 +64,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from embodied.policies.augment import PlanarAugment
 from embodied.policies.base import (
     ENV_STATE_KEY,
     STATE_KEY,
@@ -116,6 +118,10 @@ class DiffusionConfig:
     num_keypoints: int = 32
     cond_mlp_dims: list[int] = field(default_factory=list)  # MLP on the conditioning; [] = none
     state_noise: float = 0.0  # BC augmentation: N(0, s^2) added to the normalised (env) state
+    # BC augmentation (state only): the scene turned by up to augment_yaw degrees about the
+    # vertical axis and shifted up to augment_shift metres (``PlanarAugment``)
+    augment_yaw: float = 0.0
+    augment_shift: float = 0.0
     num_train_timesteps: int = 100
     num_inference_steps: int = 10
     beta_schedule: str = "squaredcos_cap_v2"
@@ -198,9 +204,24 @@ class DiffusionConfig:
                     f"{type(self).__name__}.image_keys: {key!r} is not 'observation.image' or "
                     "'observation.images.<camera>'"
                 )
-        if self.state_noise < 0:
+        for name in ("state_noise", "augment_yaw", "augment_shift"):
+            if getattr(self, name) < 0:
+                raise ValueError(
+                    f"{type(self).__name__}.{name} must be >= 0, got {getattr(self, name)}"
+                )
+        if (self.augment_yaw or self.augment_shift) and (
+            self.image_keys
+            or self.state_dim < 2
+            or self.action_dim < 2
+            or len(self.env_state_names) != self.env_state_dim
+        ):
             raise ValueError(
-                f"{type(self).__name__}.state_noise must be >= 0, got {self.state_noise}"
+                f"{type(self).__name__}.augment_yaw / augment_shift turn and shift states whose "
+                "values start with the hand's x, y, environment states with named values "
+                "(object.x, object.y) and actions starting with dx, dy; they cannot turn images "
+                f"(image_keys={self.image_keys}, state_dim={self.state_dim}, action_dim="
+                f"{self.action_dim}, env_state_dim={self.env_state_dim} with "
+                f"{len(self.env_state_names)} names)"
             )
         if not 0.0 < self.ema_decay < 1.0 or self.min_std <= 0 or self.ddim_eta < 0:
             raise ValueError(
@@ -393,6 +414,11 @@ class DiffusionPolicy(Policy):
         super().__init__(config)
         self.build_normalizers(config.state_dim, config.env_state_dim, config.action_dim)
         self.model = DiffusionNet(config)
+        self.planar_augment = None
+        if config.augment_yaw or config.augment_shift:
+            self.planar_augment = PlanarAugment(
+                config.env_state_names, config.augment_yaw, config.augment_shift
+            )
         self.ema_model = copy.deepcopy(self.model).requires_grad_(False)
         self.register_buffer("ema_steps", torch.zeros((), dtype=torch.long))
         self.use_ema = False  # act / log_prob with the EMA weights (evaluation after BC)
@@ -460,7 +486,16 @@ class DiffusionPolicy(Policy):
         return cls.config_class(**{**values, **overrides})
 
     def fit_normalizers(self, stats: Mapping[str, Mapping[str, Any]]) -> DiffusionPolicy:
-        """State and environment state by mean/std, actions by min/max (dataset statistics)."""
+        """State and environment state by mean/std, actions by min/max (dataset statistics;
+        with planar augmentation, the statistics of the turned and shifted states)."""
+        if self.planar_augment is not None and STATE_KEY in stats:
+            center = np.asarray(stats[STATE_KEY]["mean"], dtype=np.float64).reshape(-1)[:2]
+            state, env_state = self.planar_augment.turned_stats(
+                stats[STATE_KEY], stats.get(ENV_STATE_KEY), center
+            )
+            stats = {**stats, STATE_KEY: state}
+            if env_state is not None:
+                stats[ENV_STATE_KEY] = env_state
         return self.fit_state_normalizers(stats)
 
     def input_keys(self) -> list[str]:
@@ -574,20 +609,41 @@ class DiffusionPolicy(Policy):
         shape (0 where ``action_is_pad``)."""
         config = self.config
         net = self.model
-        cond = self.global_cond(net, batch, batch["instruction"], config.state_noise)
         actions = torch.as_tensor(batch["action"], device=self.device, dtype=torch.float32)
-        expected = (cond.shape[0], config.horizon, config.action_dim)
+        batch_size = self._feature(batch, STATE_KEY, (config.state_dim,)).shape[0]
+        expected = (batch_size, config.horizon, config.action_dim)
         if tuple(actions.shape) != expected:
             raise ValueError(
                 f"batch 'action' has shape {tuple(actions.shape)}, expected {expected}"
             )
+        if self.planar_augment is not None:
+            batch, actions = self.augmented(batch, actions)
+        cond = self.global_cond(net, batch, batch["instruction"], config.state_noise)
         x0 = self.action_normalizer.normalize(actions)
+        if self.planar_augment is not None:  # a turned action may leave the data's range
+            x0 = x0.clamp(-1.0, 1.0)
         if "action_is_pad" in batch:
             pad = torch.as_tensor(batch["action_is_pad"], device=self.device, dtype=torch.bool)
             keep = (~pad).to(x0.dtype).unsqueeze(-1).expand_as(x0)
         else:
             keep = torch.ones_like(x0)
         return net, cond, x0, keep
+
+    def augmented(
+        self, batch: Mapping[str, Any], actions: torch.Tensor
+    ) -> tuple[dict[str, Any], torch.Tensor]:
+        """The batch and actions with every window's scene turned and shifted on the table."""
+        config = self.config
+        state = self._feature(batch, STATE_KEY, (config.state_dim,)).float()
+        env_state = None
+        if config.env_state_dim:
+            env_state = self._feature(batch, ENV_STATE_KEY, (config.env_state_dim,)).float()
+        center = self.state_normalizer.shift[:2]  # the data's mean hand position
+        state, env_state, actions = self.planar_augment(state, env_state, actions, center)
+        batch = {**batch, STATE_KEY: state}
+        if env_state is not None:
+            batch[ENV_STATE_KEY] = env_state
+        return batch, actions
 
     @staticmethod
     def masked_mse(prediction: torch.Tensor, target: torch.Tensor, keep: torch.Tensor):

@@ -31,6 +31,7 @@ Input sequence of one decision (embeddings, no attention mask: every position is
   one token per object of the environment state (values named ``object.quantity``): the mean
   input embedding of the object's name words plus a linear map of its normalised values
   (``ObjectTokens``). The decoder can then match "red" in the instruction with ``block_red``.
+  With ``object_relative`` a token also carries its object's offset from the hand.
 - the instruction: ``max_instruction_tokens`` ids, left-padded with ``<pad>`` (a fixed-length
   slot, so a decision does not depend on what else is in its batch); longer instructions keep
   their first ``max_instruction_tokens`` tokens.
@@ -113,6 +114,7 @@ class VLAConfig:
     env_state_dim: int = 0  # > 0: also read the privileged observation.environment_state
     env_state_names: list[str] = field(default_factory=list)  # "object.quantity" per value
     env_state_encoder: str = "flat"  # "flat": into the proprio MLP; "objects": a token per object
+    object_relative: bool = False  # "objects": add each object's offset from the hand (xyz)
     image_keys: list[str] = field(default_factory=lambda: ["observation.image"])
     image_size: int = 64  # expected (square) camera size; the tiny vision tower's input size
     n_obs_steps: int = 1  # observation steps a window holds (only the newest is read)
@@ -184,6 +186,12 @@ class VLAConfig:
                     "'observation.images.<camera>'"
                 )
         check_env_state_encoder(self)
+        if self.object_relative and (self.env_state_encoder != "objects" or self.state_dim < 3):
+            raise ValueError(
+                "VLAConfig.object_relative needs env_state_encoder='objects' and an "
+                f"observation.state starting with the hand's xyz (state_dim >= 3), got "
+                f"env_state_encoder={self.env_state_encoder!r}, state_dim={self.state_dim}"
+            )
         if not isinstance(self.use_proprio, bool):
             raise ValueError(f"VLAConfig.use_proprio must be a bool, got {self.use_proprio!r}")
         if self.action_range not in ("min_max", "quantile"):
@@ -400,7 +408,11 @@ class VLAPolicy(Policy):
             if config.proprio_dim > 0
             else None
         )
-        self.object_tokens = ObjectTokens(config.env_state_names, hidden) if objects else None
+        self.object_tokens = (
+            ObjectTokens(config.env_state_names, hidden, config.object_relative)
+            if objects
+            else None
+        )
         if self.object_tokens is not None:  # object names, embedded with the backbone's words
             texts = [name.replace("_", " ") for name in self.object_tokens.object_names]
             ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -614,7 +626,7 @@ class VLAPolicy(Policy):
             bos = torch.tensor(self.bos_ids, device=self.device).expand(batch, -1)
             parts.append(embed(bos))
         parts.append(features.to(embed.weight.dtype))
-        states = {}
+        states, raw = {}, {}
         for key, dim, normalizer in (
             (STATE_KEY, config.state_dim, self.state_normalizer),
             (ENV_STATE_KEY, config.env_state_dim, self.env_state_normalizer),
@@ -627,7 +639,7 @@ class VLAPolicy(Policy):
                     f"observation {key!r} has shape {tuple(obs[key].shape)}, batch {batch} "
                     f"expected (from {config.image_keys[0]!r})"
                 )
-            states[key] = normalizer.normalize(state)
+            states[key], raw[key] = normalizer.normalize(state), state
         if self.object_tokens is not None:
             env_state = states.pop(ENV_STATE_KEY)
         if self.proprio is not None:
@@ -635,7 +647,11 @@ class VLAPolicy(Policy):
             parts.append(tokens.reshape(batch, config.n_proprio_tokens, -1).to(embed.weight.dtype))
         if self.object_tokens is not None:
             names = mean_embedding(embed, self.name_ids, self.name_mask)  # [O, hidden]
-            parts.append(self.object_tokens(env_state, names).to(embed.weight.dtype))
+            hand = None
+            if config.object_relative:  # observation.state starts with the grip site's xyz
+                hand = self._newest(obs, STATE_KEY, (config.state_dim,), torch.float32)[:, :3]
+            tokens = self.object_tokens(env_state, names, raw[ENV_STATE_KEY], hand)
+            parts.append(tokens.to(embed.weight.dtype))
         parts.append(embed(ids))
         return torch.cat(parts, dim=1)
 

@@ -435,10 +435,12 @@ def test_bad_statistics():
         policy.set_action_range([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
 
 
-def test_object_tokens_from_named_environment_state(tmp_path: Path):
+@pytest.mark.parametrize("relative", [False, True])
+def test_object_tokens_from_named_environment_state(tmp_path: Path, relative: bool):
     """``env_state_encoder="objects"``: one prompt token per object of the named environment
-    state, its name's words embedded like the instruction's; exact log-probs and save/load."""
-    names = [f"block_{c}.{q}" for c in ("red", "blue") for q in "xy"] + ["drawer.opening"]
+    state, its name's words embedded like the instruction's (with ``object_relative``, also the
+    offset of an object with xyz from the hand); exact log-probs and save/load."""
+    names = ["block_red.x", "block_red.y", "block_red.z", "block_blue.x", "drawer.opening"]
     features = {
         "observation.image": {"dtype": "video", "shape": [16, 16, 3]},
         "observation.state": {"dtype": "float32", "shape": [3]},
@@ -449,7 +451,12 @@ def test_object_tokens_from_named_environment_state(tmp_path: Path):
     backbone = [k for k in tiny.__dict__ if k.startswith(("vision_", "text_", "hidden_"))]
     sizes = {k: getattr(tiny, k) for k in [*backbone, "patch_size", "n_bins", "n_action_steps"]}
     config = VLAPolicy.config_from_dataset(
-        features, ["reach the red block"], horizon=4, env_state_encoder="objects", **sizes
+        features,
+        ["reach the red block"],
+        horizon=4,
+        env_state_encoder="objects",
+        object_relative=relative,
+        **sizes,
     )
     assert config.env_state_names == names and {"drawer", "blue"} <= set(config.vocab)
     assert config.num_object_tokens == 3 and config.proprio_dim == 3  # the state alone
@@ -465,6 +472,13 @@ def test_object_tokens_from_named_environment_state(tmp_path: Path):
     moved["observation.environment_state"][..., 0] += 1.0
     changed = (policy.prefix_embeddings(moved, instructions) - prefix).abs().sum(-1)[0]
     assert changed[:start].max() == 0 and changed[start] > 0 and changed[start + 1 :].max() == 0
+    # Moving the hand changes the proprio token, and with relative tokens the red block's (the
+    # only object with x, y and z) as well.
+    moved = {**obs, "observation.state": obs["observation.state"].clone()}
+    moved["observation.state"][..., 0] += 1.0
+    changed = (policy.prefix_embeddings(moved, instructions) - prefix).abs().sum(-1)[0]
+    assert changed[: start - 1].max() == 0 and changed[start - 1] > 0
+    assert (changed[start] > 0) == relative and changed[start + 1 :].max() == 0
 
     out = policy.act(obs, instructions, generator=torch.Generator().manual_seed(3))
     recomputed = policy.log_prob(obs, instructions, out.policy_outputs)
@@ -479,3 +493,5 @@ def test_object_tokens_from_named_environment_state(tmp_path: Path):
     )
     with pytest.raises(ValueError, match="env_state_names has 0"):
         tiny_config(env_state_encoder="objects")
+    with pytest.raises(ValueError, match="object_relative needs env_state_encoder='objects'"):
+        tiny_config(object_relative=True)
