@@ -56,6 +56,15 @@ def planar_indices(names: Sequence[str]) -> tuple[list[tuple[int, int]], list[tu
     return positions, quaternions
 
 
+def turn(
+    x: torch.Tensor, y: torch.Tensor, angle: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)`` turned by ``angle [B]`` (``x``, ``y``: ``[B, ...]``, one angle per sample)."""
+    angle = angle.view(-1, *[1] * (x.ndim - 1))
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    return cos * x - sin * y, sin * x + cos * y
+
+
 class PlanarAugment:
     """Turn (up to ``yaw`` degrees either way) and shift (up to ``shift`` metres on each axis) raw
     tabletop windows: ``observation.state [B, T, S]`` starting with the hand's x, y;
@@ -82,42 +91,29 @@ class PlanarAugment:
         """Turned (about ``center`` ``[2]``, default the origin) and shifted copies; the inputs
         are not modified."""
         batch = state.shape[0]
-        theta = (2 * torch.rand(batch, generator=generator) - 1) * self.yaw
-        offset = (2 * torch.rand(batch, 2, generator=generator) - 1) * self.shift
-        theta, offset = theta.to(state), offset.to(state)
-        cos, sin = torch.cos(theta)[:, None], torch.sin(theta)[:, None]  # [B, 1]: every step
+        theta = ((2 * torch.rand(batch, generator=generator) - 1) * self.yaw).to(state)
+        shift = ((2 * torch.rand(batch, 2, generator=generator) - 1) * self.shift).to(state)
         c = torch.zeros(2).to(state) if center is None else torch.as_tensor(center).to(state)
-        # p' = R (p - c) + c + s = R p + (c - R c + s): the same translation for every point.
-        offset = (
-            offset
-            + c
-            - torch.stack(
-                [cos[:, 0] * c[0] - sin[:, 0] * c[1], sin[:, 0] * c[0] + cos[:, 0] * c[1]], dim=-1
-            )
-        )
-
-        def turn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return cos * x - sin * y, sin * x + cos * y
+        # p' = R (p - c) + c + s = R p + t, with t = c - R c + s the same for every point.
+        turned_c = turn(c[0].expand(batch), c[1].expand(batch), theta)
+        tx, ty = (c[k] - turned_c[k] + shift[:, k] for k in range(2))
 
         state, action = state.clone(), action.clone()
-        x, y = turn(state[..., 0], state[..., 1])
-        state[..., 0], state[..., 1] = x + offset[:, :1], y + offset[:, 1:]
-        action[..., 0], action[..., 1] = turn(action[..., 0], action[..., 1])
+        x, y = turn(state[..., 0], state[..., 1], theta)
+        state[..., 0], state[..., 1] = x + tx[:, None], y + ty[:, None]
+        action[..., 0], action[..., 1] = turn(action[..., 0], action[..., 1], theta)
         if env_state is not None:
             env_state = env_state.clone()
-            cos3, sin3 = cos[..., None], sin[..., None]  # [B, 1, 1]: every step and object
-            x, y = env_state[..., self.x], env_state[..., self.y]
-            env_state[..., self.x] = cos3 * x - sin3 * y + offset[:, None, :1]
-            env_state[..., self.y] = sin3 * x + cos3 * y + offset[:, None, 1:]
-            if len(self.q):
-                # q_z(theta) (x) q with q_z = (cos(theta/2), 0, 0, sin(theta/2)).
-                half = theta[:, None, None] / 2
-                c, s = torch.cos(half), torch.sin(half)
-                w, qx, qy, qz = (env_state[..., self.q[:, k]] for k in range(4))
-                env_state[..., self.q[:, 0]] = c * w - s * qz
-                env_state[..., self.q[:, 1]] = c * qx - s * qy
-                env_state[..., self.q[:, 2]] = c * qy + s * qx
-                env_state[..., self.q[:, 3]] = c * qz + s * w
+            x, y = turn(env_state[..., self.x], env_state[..., self.y], theta)
+            env_state[..., self.x], env_state[..., self.y] = (
+                x + tx[:, None, None],
+                y + ty[:, None, None],
+            )
+            # q_z(theta) (x) q turns the pairs (qw, qz) and (qx, qy) by theta / 2.
+            for a, b in ((0, 3), (1, 2)):
+                ia, ib = self.q[:, a], self.q[:, b]
+                pair = turn(env_state[..., ia], env_state[..., ib], theta / 2)
+                env_state[..., ia], env_state[..., ib] = pair
         return state, env_state, action
 
     def turned_stats(

@@ -610,14 +610,14 @@ class DiffusionPolicy(Policy):
         config = self.config
         net = self.model
         actions = torch.as_tensor(batch["action"], device=self.device, dtype=torch.float32)
-        batch_size = self._feature(batch, STATE_KEY, (config.state_dim,)).shape[0]
-        expected = (batch_size, config.horizon, config.action_dim)
+        state = self._feature(batch, STATE_KEY, (config.state_dim,)).float()
+        expected = (state.shape[0], config.horizon, config.action_dim)
         if tuple(actions.shape) != expected:
             raise ValueError(
                 f"batch 'action' has shape {tuple(actions.shape)}, expected {expected}"
             )
         if self.planar_augment is not None:
-            batch, actions = self.augmented(batch, actions)
+            batch, actions = self.augmented(batch, state, actions)
         cond = self.global_cond(net, batch, batch["instruction"], config.state_noise)
         x0 = self.action_normalizer.normalize(actions)
         if self.planar_augment is not None:  # a turned action may leave the data's range
@@ -630,11 +630,11 @@ class DiffusionPolicy(Policy):
         return net, cond, x0, keep
 
     def augmented(
-        self, batch: Mapping[str, Any], actions: torch.Tensor
+        self, batch: Mapping[str, Any], state: torch.Tensor, actions: torch.Tensor
     ) -> tuple[dict[str, Any], torch.Tensor]:
-        """The batch and actions with every window's scene turned and shifted on the table."""
+        """The batch (its checked ``state``) and actions with every window's scene turned and
+        shifted on the table."""
         config = self.config
-        state = self._feature(batch, STATE_KEY, (config.state_dim,)).float()
         env_state = None
         if config.env_state_dim:
             env_state = self._feature(batch, ENV_STATE_KEY, (config.env_state_dim,)).float()
