@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from embodied.core.trajectory import Trajectory, TrajectoryBatch
 from embodied.datasets.lerobot import LeRobotDataset
-from embodied.trajectory import Trajectory, TrajectoryBatch
 
 
 def _is_observation(key: str) -> bool:

@@ -2,7 +2,7 @@
 
 Every policy is a ``torch.nn.Module`` registered by name (``register_policy``); ``make_policy``
 builds one from its type and config, ``Policy.from_pretrained`` loads a saved one. This package
-imports only the core (``embodied.types``, ``embodied.io``), torch, numpy and model libraries
+imports only the core (``embodied.core.types``, ``embodied.core.io``), torch, numpy and model libraries
 (diffusers), never the other peers (sims, datasets, rewards).
 """
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from embodied.nn import (
+from embodied.core.nn import (
     CONFIG_NAME,
     WEIGHTS_NAME,  # noqa: F401  (re-exported)
     config_from_dict,
@@ -29,7 +29,7 @@ from embodied.nn import (
     read_pretrained,
     save_pretrained,
 )
-from embodied.types import ActionOutput, feature_value_names
+from embodied.core.types import ActionOutput, feature_value_names
 
 STATE_KEY = "observation.state"
 ENV_STATE_KEY = "observation.environment_state"
@@ -275,7 +275,7 @@ class Policy(nn.Module, abc.ABC):
         return policy.to(device)
 
 
-_config_from_dict = config_from_dict  # shared with the reward models (embodied.nn)
+_config_from_dict = config_from_dict  # shared with the reward models (embodied.core.nn)
 _load_exact = load_exact
 
 

@@ -68,6 +68,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from embodied.core.types import ActionOutput
 from embodied.policies.augment import PlanarAugment
 from embodied.policies.base import (
     ENV_STATE_KEY,
@@ -85,7 +86,6 @@ from embodied.policies.vision import (
     ObjectStateEncoder,
     build_vocab,
 )
-from embodied.types import ActionOutput
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 

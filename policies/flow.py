@@ -69,6 +69,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from embodied.core.types import ActionOutput
 from embodied.policies.base import randn, register_policy
 from embodied.policies.diffusion import (
     DiffusionConfig,
@@ -76,7 +77,6 @@ from embodied.policies.diffusion import (
     DiffusionPolicy,
     SinusoidalPosEmb,
 )
-from embodied.types import ActionOutput
 
 TAU_SAMPLINGS = ("uniform", "beta", "logit_normal")
 

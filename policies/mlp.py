@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from embodied.core.types import ActionOutput
 from embodied.policies.base import ENV_STATE_KEY, STATE_KEY, Policy, randn, register_policy
-from embodied.types import ActionOutput
 
 ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # the env action box (sims/conventions.py: Box(-1, 1))
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)

@@ -1,4 +1,4 @@
-"""Observation and instruction encoders for the planners (re-exported from ``embodied.nn``).
+"""Observation and instruction encoders for the planners (re-exported from ``embodied.core.nn``).
 
 The encoders live in the core (``embodied/nn.py``) so that reward models can use them too without
 importing this peer; see that module for what they do. Every public name here keeps working.
@@ -6,7 +6,7 @@ importing this peer; see that module for what they do. Every public name here ke
 
 from __future__ import annotations
 
-from embodied.nn import (
+from embodied.core.nn import (
     UNKNOWN_WORD,
     ImageEncoder,
     InstructionEncoder,

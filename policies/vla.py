@@ -80,7 +80,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodied.nn import mean_embedding
+from embodied.core.nn import mean_embedding
+from embodied.core.types import ActionOutput
 from embodied.policies.base import (
     ENV_STATE_KEY,
     STATE_KEY,
@@ -98,7 +99,6 @@ from embodied.policies.vision import (
     object_groups,
     tokenize_words,
 )
-from embodied.types import ActionOutput
 
 ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # the env action box (sims/conventions.py: Box(-1, 1))
 PAD_TOKEN, BOS_TOKEN, UNK_TOKEN, IMAGE_TOKEN = "<pad>", "<bos>", UNKNOWN_WORD, "<image>"

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from embodied.trajectory import Trajectory
+from embodied.core.trajectory import Trajectory
 
 __all__ = [
     "DEFAULT_FAILURE_CAP",

@@ -3,7 +3,7 @@
 ``ProgressRewardModel`` scores a rollout frame by frame, so it can run online:
 
 - each frame (``uint8 [H, W, 3]``) goes through a small CNN with GroupNorm and a spatial-softmax
-  keypoint head (``embodied.nn.ImageEncoder``, as the planners use);
+  keypoint head (``embodied.core.nn.ImageEncoder``, as the planners use);
 - the instruction is a bag of words over the dataset's vocabulary (``InstructionEncoder``);
 - a frame token is ``Linear([image, instruction]) + sinusoidal(position)``; a causal
   ``nn.TransformerEncoder`` runs over the frame tokens, so frame ``t``'s outputs depend only on
@@ -15,7 +15,7 @@
 ``loss`` is the cross-entropy of the progress label's two-hot encoding over the two neighbouring
 bin centres (exact for any label in [0, 1]; ``soft_labels=False`` uses the nearest bin) plus
 ``success_weight`` times the BCE of success at each clip's final frame. Saved Hugging Face style
-(``config.json`` + ``model.safetensors``) with ``embodied.nn``'s atomic, shape-checked helpers.
+(``config.json`` + ``model.safetensors``) with ``embodied.core.nn``'s atomic, shape-checked helpers.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodied.nn import (
+from embodied.core.nn import (
     UNKNOWN_WORD,
     ImageEncoder,
     InstructionEncoder,

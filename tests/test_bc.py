@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from embodied.collect import CollectConfig, run_collect
+from embodied.apps.collect import CollectConfig, run_collect
+from embodied.core.run import read_metrics
 from embodied.policies import Policy
-from embodied.run import read_metrics
 from embodied.train.bc import BCConfig, train_bc
 from embodied.train.common import OptimConfig, latest_checkpoint, make_optimizer
 
@@ -136,7 +136,7 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_checkpoint(
 
 
 def test_evaluating_a_policy_of_another_action_size_names_both_shapes() -> None:
-    from embodied.evaluate import evaluate_policy
+    from embodied.evaluation.suite import evaluate_policy
     from embodied.policies import MLPConfig, MLPPolicy
 
     policy = MLPPolicy(MLPConfig(state_dim=4, action_dim=7))

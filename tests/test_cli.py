@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import embodied.sims as sims
-from embodied.cli import main
-from embodied.rollout import rollout_episode
-from embodied.video import write_video
+from embodied.apps.cli import main
+from embodied.evaluation.video import write_video
+from embodied.rollout.episodes import rollout_episode
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ("sims", "policies", "rewards", "datasets")
@@ -55,7 +55,7 @@ def test_bench_sim_reports_rates_against_raw_mujoco(capsys: pytest.CaptureFixtur
 # it, and after earlier tests (run with memory kept, as `embodied` runs) the heap may hold one.
 MALLOC_PROBE = """
 import ctypes, json, sys
-from embodied.allocator import keep_freed_memory
+from embodied.apps.allocator import keep_freed_memory
 
 libc = ctypes.CDLL(None)
 libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import embodied.sims as sims
-from embodied.rollout import rollout_episode, rollout_vector
-from embodied.trajectory import trajectories_equal
+from embodied.core.trajectory import trajectories_equal
+from embodied.rollout.episodes import rollout_episode, rollout_vector
 
 
 def _expert_batch(vec):
@@ -48,7 +48,7 @@ def test_step_limits_cut_episodes_off_as_failures() -> None:
 def test_cutoff_fails_fast_experts_too(tmp_path) -> None:
     """The Reach expert succeeds in about 25 of its 80 allowed steps; a cut-off episode must
     still stop before success, after 30-70% of its own length, and be the clean run's prefix."""
-    from embodied.collect import CollectConfig, run_collect
+    from embodied.apps.collect import CollectConfig, run_collect
     from embodied.datasets import LeRobotDataset
 
     common = {"task": "Reach", "episodes": 4, "obs_mode": "state", "seed": 7}
@@ -68,8 +68,8 @@ def test_cutoff_fails_fast_experts_too(tmp_path) -> None:
 
 def test_cutoff_stops_before_the_first_success() -> None:
     """Meta-World episodes run on after success: the cut is a fraction of the way to it."""
-    from embodied.collect import cut_off
-    from embodied.trajectory import Trajectory
+    from embodied.apps.collect import cut_off
+    from embodied.core.trajectory import Trajectory
 
     steps = 30
     success = np.arange(steps) >= 9  # first success after step 10
@@ -91,7 +91,7 @@ def test_cutoff_stops_before_the_first_success() -> None:
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory: pytest.TempPathFactory):
     """A small PickPlace dataset with deliberate failures, collected and labelled by the CLI."""
-    from embodied.cli import main
+    from embodied.apps.cli import main
 
     root = tmp_path_factory.mktemp("collect") / "data"
     args = ["collect", "--task", "PickPlace", "--episodes", "6", "--out", str(root)]
@@ -102,7 +102,7 @@ def collected(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_collect_writes_a_valid_dataset_with_failures(collected, capsys) -> None:
-    from embodied.cli import main
+    from embodied.apps.cli import main
     from embodied.datasets import LeRobotDataset
 
     assert main(["dataset", "validate", str(collected)]) == 0
@@ -136,7 +136,7 @@ def test_labels_end_at_one_on_successes_and_below_on_failures(collected) -> None
 
 
 def test_collect_appends_and_rejects_bad_input(collected, tmp_path, capsys) -> None:
-    from embodied.cli import main
+    from embodied.apps.cli import main
 
     assert main(["collect", "--task", "Fly", "--out", str(tmp_path / "x")]) == 2
     assert "unknown task 'Fly'" in capsys.readouterr().err
@@ -148,7 +148,7 @@ def test_collect_appends_and_rejects_bad_input(collected, tmp_path, capsys) -> N
 def test_validate_fails_with_exit_code_1_naming_the_problem(collected, tmp_path, capsys) -> None:
     import shutil
 
-    from embodied.cli import main
+    from embodied.apps.cli import main
 
     broken = tmp_path / "broken"
     shutil.copytree(collected, broken)
@@ -158,7 +158,7 @@ def test_validate_fails_with_exit_code_1_naming_the_problem(collected, tmp_path,
 
 
 def test_bench_collect_reports_throughput_against_one_worker(capsys) -> None:
-    from embodied.cli import main
+    from embodied.apps.cli import main
 
     args = ["bench", "collect", "--task", "Reach", "--workers", "1", "--episodes", "2"]
     assert main([*args, "--repeats", "1", "--image-size", "32", "--json"]) == 0
@@ -168,7 +168,7 @@ def test_bench_collect_reports_throughput_against_one_worker(capsys) -> None:
 
 
 def test_bench_dataset_reports_reads_against_raw_video_decode(capsys) -> None:
-    from embodied.cli import main
+    from embodied.apps.cli import main
 
     args = ["bench", "dataset", "--task", "Reach", "--episodes", "2", "--image-size", "32"]
     assert main([*args, "--repeats", "1", "--json"]) == 0
@@ -181,7 +181,7 @@ def test_bench_dataset_reports_reads_against_raw_video_decode(capsys) -> None:
 
 
 def test_suite_and_eval_env_options_follow_the_dataset() -> None:
-    from embodied.evaluate import env_kwargs_for_features
+    from embodied.evaluation.suite import env_kwargs_for_features
 
     assert sims.suite_of("metaworld/reach-v3") == "metaworld"
     assert sims.suite_of("PickPlace") == "tabletop"

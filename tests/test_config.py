@@ -1,4 +1,4 @@
-"""Tests for embodied.config: defaults, YAML/override precedence, typed results, clear errors."""
+"""Tests for embodied.core.config: defaults, YAML/override precedence, typed results, clear errors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from embodied.config import ConfigError, config_to_dict, load_config, save_config
+from embodied.core.config import ConfigError, config_to_dict, load_config, save_config
 
 
 @dataclass

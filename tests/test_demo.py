@@ -14,10 +14,10 @@ import av
 import numpy as np
 import pytest
 
-from embodied.cli import main
-from embodied.config import config_to_dict, load_config
-from embodied.demo import QUICK, DemoConfig
-from embodied.run import read_metrics
+from embodied.apps.cli import main
+from embodied.apps.demo import QUICK, DemoConfig
+from embodied.core.config import config_to_dict, load_config
+from embodied.core.run import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = DemoConfig().tasks[0]  # the demo's default task

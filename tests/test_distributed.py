@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.distributed import DistributedConfig, LocalRollouts, make_rollouts
 from embodied.policies import make_policy
+from embodied.rollout.backends import DistributedConfig, LocalRollouts, make_rollouts
 
 STATS = {
     "observation.state": {"mean": np.zeros(4), "std": np.full(4, 0.1)},
@@ -93,7 +93,7 @@ def test_ray_backend_gives_the_local_trajectories(ray_instance) -> None:
 def test_bench_rollout_compares_backends_with_the_sync_baseline(ray_instance, capsys) -> None:
     import json
 
-    from embodied.cli import main
+    from embodied.apps.cli import main
 
     assert main(["bench", "rollout", "--json", "--task", "Reach", "--envs", "2",
                  "--episodes", "2", "--repeats", "1", "--ray-workers", "2"]) == 0  # fmt: skip

@@ -13,17 +13,17 @@ import numpy as np
 import pytest
 
 import embodied.sims as sims
-from embodied.cli import main
-from embodied.evaluate import (
+from embodied.apps.cli import main
+from embodied.core.trajectory import TrajectoryBuilder
+from embodied.evaluation.suite import (
     EvalConfig,
     run_eval,
     suite_tasks,
     summarize,
     wilson_interval,
 )
-from embodied.rollout import ExpertActor, rollout_vector
-from embodied.trajectory import TrajectoryBuilder
-from embodied.video import annotate_frames
+from embodied.evaluation.video import annotate_frames
+from embodied.rollout.episodes import ExpertActor, rollout_vector
 
 
 def _wilson_by_hand(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:

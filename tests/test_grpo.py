@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.distributed import LocalRollouts
 from embodied.policies import make_policy
 from embodied.policies.vision import build_vocab
 from embodied.rewards import ProgressConfig, ProgressRewardModel
+from embodied.rollout.backends import LocalRollouts
 from embodied.train.grpo import (
     GRPOConfig,
     group_advantages,
@@ -25,7 +25,12 @@ from embodied.train.grpo import (
     reward_correlation,
     train_grpo,
 )
-from embodied.train.online import check_ratio, collect_decisions, element_log_probs, rollout_groups
+from embodied.train.onpolicy import (
+    check_ratio,
+    collect_decisions,
+    element_log_probs,
+    rollout_groups,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -306,8 +311,8 @@ def test_grpo_refuses_bad_settings(saved, tmp_path: Path) -> None:
 
 
 def test_shipped_config_loads_with_the_command_line_overrides() -> None:
-    from embodied.cli import build_parser
-    from embodied.config import load_config
+    from embodied.apps.cli import build_parser
+    from embodied.core.config import load_config
 
     config = Path(__file__).parents[1] / "configs" / "grpo_pickplace.yaml"
     args = build_parser().parse_args(["train", "grpo", str(config), "policy=p", "reward=success"])

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import embodied.sims as sims
+from embodied.core.trajectory import Trajectory
 from embodied.rewards import (
     calibration_error,
     label_trajectories,
@@ -21,8 +22,7 @@ from embodied.rewards import (
     visual_change,
     voc_summary,
 )
-from embodied.rollout import rollout_episode
-from embodied.trajectory import Trajectory
+from embodied.rollout.episodes import rollout_episode
 
 IMAGE_SIZE = 48
 SEEDS = (0, 1, 2)

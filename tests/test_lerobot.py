@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from embodied.core.trajectory import Trajectory, trajectories_equal
 from embodied.datasets import (
     DatasetError,
     LeRobotDataset,
@@ -22,7 +23,6 @@ from embodied.datasets import (
     dataset_summary,
     validate_dataset,
 )
-from embodied.trajectory import Trajectory, trajectories_equal
 
 CAMERAS = ("front", "wrist")
 
@@ -76,7 +76,7 @@ def make_trajectory(index: int, steps: int = 12, size: int = 48) -> Trajectory:
 def sim_trajectories() -> list[Trajectory]:
     """Tabletop rollouts (two 48 px cameras, environment_state, privileged info, reset info)."""
     import embodied.sims as sims
-    from embodied.rollout import rollout_episode
+    from embodied.rollout.episodes import rollout_episode
 
     env = sims.make("PickPlace", image_size=48, obs_mode="pixels_state", cameras=CAMERAS)
     expert = sims.make_expert(env)

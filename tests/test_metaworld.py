@@ -211,7 +211,7 @@ def test_terminate_on_success_ends_the_episode_at_the_first_success() -> None:
 
 
 def test_eval_of_the_scripted_expert_and_random_actions_on_metaworld(tmp_path: Path) -> None:
-    from embodied.evaluate import EvalConfig, run_eval, suite_tasks
+    from embodied.evaluation.suite import EvalConfig, run_eval, suite_tasks
 
     assert suite_tasks("metaworld", ["reach-v3", "metaworld/push-v3"]) == [
         "metaworld/reach-v3",
@@ -232,7 +232,7 @@ def test_eval_of_the_scripted_expert_and_random_actions_on_metaworld(tmp_path: P
 
 
 def test_collect_ends_metaworld_episodes_at_the_first_success(tmp_path: Path) -> None:
-    from embodied.collect import CollectConfig, run_collect
+    from embodied.apps.collect import CollectConfig, run_collect
     from embodied.datasets import LeRobotDataset
 
     common = {"task": "metaworld/reach-v3", "episodes": 2, "obs_mode": "state"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from embodied.nn import InstructionEncoder, ObjectStateEncoder, build_vocab, object_groups
+from embodied.core.nn import InstructionEncoder, ObjectStateEncoder, build_vocab, object_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -68,7 +68,7 @@ def test_encoder_learns_to_read_the_named_object():
 
 
 def test_relative_tokens_read_each_object_from_the_hand():
-    from embodied.nn import ObjectTokens
+    from embodied.core.nn import ObjectTokens
 
     torch.manual_seed(0)
     tokens = ObjectTokens(NAMES, embed_dim=8, relative=True)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from embodied.nn import build_vocab
+from embodied.core.nn import build_vocab
 from embodied.rewards.metrics import value_order_correlation
 from embodied.rewards.progress import ProgressConfig, ProgressRewardModel, augment_frames
 
@@ -270,8 +270,8 @@ def test_augmentation_is_deterministic_per_clip_and_keeps_uint8() -> None:
 @pytest.fixture(scope="module")
 def labelled_reach(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Reach demos with failures (cut off, rewound), 32 px, procedure-labelled."""
-    from embodied.collect import CollectConfig, run_collect
-    from embodied.label import run_label
+    from embodied.apps.collect import CollectConfig, run_collect
+    from embodied.apps.label import run_label
 
     root = tmp_path_factory.mktemp("reward") / "reach"
     run_collect(
@@ -306,8 +306,8 @@ def _train_config(dataset: Path, out: Path, **overrides):
 
 
 def test_train_reward_end_to_end(labelled_reach: Path, tmp_path: Path) -> None:
+    from embodied.core.run import read_metrics
     from embodied.datasets import LeRobotDataset
-    from embodied.run import read_metrics
     from embodied.train.reward import train_reward
 
     run = train_reward(_train_config(labelled_reach, tmp_path))
@@ -352,7 +352,7 @@ def test_resume_continues_exactly(labelled_reach: Path, tmp_path: Path) -> None:
 
 
 def test_an_unlabelled_dataset_says_to_run_embodied_label(tmp_path: Path) -> None:
-    from embodied.collect import CollectConfig, run_collect
+    from embodied.apps.collect import CollectConfig, run_collect
     from embodied.train.reward import train_reward
 
     root = tmp_path / "raw"
@@ -501,7 +501,7 @@ def test_fine_tuning_starts_from_the_pretrained_weights(labelled_reach, tmp_path
 
 
 def test_cli_wires_train_reward(labelled_reach: Path, tmp_path: Path) -> None:
-    from embodied.cli import build_parser, main
+    from embodied.apps.cli import build_parser, main
 
     args = build_parser().parse_args(["train", "reward", "configs/reward.yaml", "steps=5"])
     assert args.func.__name__ == "_cmd_train_reward" and args.overrides == ["steps=5"]
@@ -524,7 +524,7 @@ def test_cli_wires_train_reward(labelled_reach: Path, tmp_path: Path) -> None:
 def test_image_encoder_backward_is_safe_with_two_threads() -> None:
     """Regression: channels-last input made torch's 2-thread CPU backward corrupt the heap
     (the process aborted with "double free or corruption")."""
-    from embodied.nn import ImageEncoder
+    from embodied.core.nn import ImageEncoder
 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -540,7 +540,7 @@ def test_image_encoder_backward_is_safe_with_two_threads() -> None:
 
 
 def test_bench_reward_reports_batched_scoring_against_one_clip(capsys) -> None:
-    from embodied.cli import main
+    from embodied.apps.cli import main
 
     assert main(["bench", "reward", "--json", "--image-size", "16", "--frames", "4",
                  "--batches", "1", "3", "--repeats", "1"]) == 0  # fmt: skip
@@ -551,10 +551,10 @@ def test_bench_reward_reports_batched_scoring_against_one_clip(capsys) -> None:
 
 
 def test_eval_reward_gives_each_task_of_a_multi_task_dataset_its_own_row(tmp_path) -> None:
-    from embodied.collect import CollectConfig, run_collect
+    from embodied.apps.collect import CollectConfig, run_collect
+    from embodied.apps.label import run_label
     from embodied.datasets import LeRobotDataset
-    from embodied.evaluate_reward import evaluate_reward
-    from embodied.label import run_label
+    from embodied.evaluation.reward import evaluate_reward
 
     root = tmp_path / "two-tasks"
     for task in ("Reach", "ButtonPress"):
@@ -574,7 +574,7 @@ def test_eval_reward_row_matches_hand_computed_metrics() -> None:
     """Four scored episodes worked out by hand: VOC on successes and failures, AUROC of the final
     (last answered) progress, failed median, MAE over answered frames, the head's AUROC and ECE,
     and the missing answers counted."""
-    from embodied.evaluate_reward import Scored, summarize
+    from embodied.evaluation.reward import Scored, summarize
 
     nan = float("nan")
     scored = [  # progress, success head, label, success, missing
@@ -601,7 +601,7 @@ def test_eval_reward_row_matches_hand_computed_metrics() -> None:
 
 
 def test_eval_reward_table_has_the_model_and_its_baselines(labelled_reach, tmp_path, capsys):
-    from embodied.cli import main
+    from embodied.apps.cli import main
     from embodied.datasets import LeRobotDataset
 
     torch.manual_seed(0)

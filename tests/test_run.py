@@ -1,4 +1,4 @@
-"""Tests for embodied.run and embodied.io: run directories, metrics, seeding, atomic writes."""
+"""Tests for embodied.core.run and embodied.core.io: run directories, metrics, seeding, atomic writes."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embodied.config import load_config
-from embodied.io import atomic_open, atomic_write_bytes, atomic_write_text
-from embodied.run import MetricsLogger, RunDir, progress, read_metrics, seed_everything
+from embodied.core.config import load_config
+from embodied.core.io import atomic_open, atomic_write_bytes, atomic_write_text
+from embodied.core.run import MetricsLogger, RunDir, progress, read_metrics, seed_everything
 
 
 @dataclass

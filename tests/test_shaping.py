@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from embodied.core.trajectory import Trajectory, TrajectoryBatch
 from embodied.rewards.shaping import (
     RewardShaper,
     chunk_rewards,
@@ -15,7 +16,6 @@ from embodied.rewards.shaping import (
     step_costs,
     success_bonus,
 )
-from embodied.trajectory import Trajectory, TrajectoryBatch
 
 
 def test_potential_rewards_hand_values_and_mask():

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from embodied.core.trajectory import TrajectoryBuilder
 from embodied.policies import make_policy
 from embodied.rewards.costs import OBJECTIVES, TrajectoryCost, cost_terms, preference_pairs
-from embodied.train.preference import TPOConfig, per_trajectory, tpo_loss, train_tpo
-from embodied.trajectory import TrajectoryBuilder
+from embodied.train.tpo import TPOConfig, per_trajectory, tpo_loss, train_tpo
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -218,8 +218,8 @@ def test_tpo_resumes_exactly(tmp_path: Path, backend: str) -> None:
 
 
 def test_shipped_config_loads_with_the_command_line_overrides() -> None:
-    from embodied.cli import build_parser
-    from embodied.config import load_config
+    from embodied.apps.cli import build_parser
+    from embodied.core.config import load_config
 
     config = Path(__file__).parents[1] / "configs" / "tpo_vla.yaml"
     args = build_parser().parse_args(["train", "tpo", str(config), "policy=p", "rounds=3"])

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.collect import CollectConfig, run_collect
+from embodied.apps.collect import CollectConfig, run_collect
+from embodied.apps.label import run_label
 from embodied.datasets import LeRobotDataset
 from embodied.datasets.training import (
     BCDataset,
@@ -15,7 +16,6 @@ from embodied.datasets.training import (
     collate_preferences,
     normalization_stats,
 )
-from embodied.label import run_label
 
 
 @pytest.fixture(scope="module")

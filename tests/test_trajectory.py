@@ -1,4 +1,4 @@
-"""Tests for embodied.trajectory: builder, validation, slicing, serialisation and batching."""
+"""Tests for embodied.core.trajectory: builder, validation, slicing, serialisation and batching."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embodied.trajectory import (
+from embodied.core.trajectory import (
     Trajectory,
     TrajectoryBatch,
     TrajectoryBuilder,
@@ -405,7 +405,7 @@ def test_to_torch_dtypes_and_structure() -> None:
 
 
 def test_module_does_not_import_torch_at_top_level() -> None:
-    import embodied.trajectory as module
+    import embodied.core.trajectory as module
 
     tree = ast.parse(Path(module.__file__).read_text())
     top_level = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]

@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embodied.core.io import atomic_open, atomic_write_text
 from embodied.datasets.lerobot.layout import DatasetError
-from embodied.io import atomic_open, atomic_write_text
 
 
 def _write_parquet(path: Path, table: pa.Table) -> None:

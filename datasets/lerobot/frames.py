@@ -9,9 +9,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from embodied.core.trajectory import Trajectory
+from embodied.core.types import observation_feature
 from embodied.datasets.lerobot.layout import DEFAULT_FEATURES, DatasetError, _episodes_path
-from embodied.trajectory import Trajectory
-from embodied.types import observation_feature
 
 # Features computed from other Trajectory fields; they have no "trajectory_field" of their own.
 DERIVED_FEATURES = ("action_is_pad", "next.done")

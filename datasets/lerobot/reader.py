@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from embodied.core.trajectory import Trajectory
 from embodied.datasets.lerobot.add_feature import _add_frame_feature
 from embodied.datasets.lerobot.arrow import _from_arrow
 from embodied.datasets.lerobot.files import _read_table
@@ -18,7 +19,6 @@ from embodied.datasets.lerobot.frames import _frames_to_trajectory
 from embodied.datasets.lerobot.layout import DatasetError, _data_path, _video_path
 from embodied.datasets.lerobot.metadata import _load_metadata
 from embodied.datasets.lerobot.videos import _decode_frames
-from embodied.trajectory import Trajectory
 
 
 class LeRobotDataset:

@@ -1,5 +1,5 @@
 """Episode images as mp4: encoding settings, the encoder that packs many episodes into one
-file (crash-safe), and decoding a frame range back; distinct from ``embodied.video``."""
+file (crash-safe), and decoding a frame range back; distinct from ``embodied.evaluation.video``."""
 
 from __future__ import annotations
 

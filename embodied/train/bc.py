@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from embodied.run import RunDir, progress, seed_everything
+from embodied.core.run import RunDir, progress, seed_everything
 from embodied.train.common import (
     OptimConfig,
     batch_indices,
@@ -81,7 +81,7 @@ def train_bc(cfg: BCConfig) -> RunDir:
     """Train, evaluate, checkpoint; return the run directory (final policy in ``policy/``)."""
     from embodied.datasets import LeRobotDataset
     from embodied.datasets.training import BCDataset
-    from embodied.evaluate import env_kwargs_for_features, evaluate_policy
+    from embodied.evaluation.suite import env_kwargs_for_features, evaluate_policy
 
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.io import atomic_write_text
+from embodied.core.io import atomic_write_text
 
 CHECKPOINT_PREFIX = "step-"
 

@@ -48,8 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.distributed import DistributedConfig, make_rollouts
-from embodied.run import RunDir, progress, seed_everything
+from embodied.core.run import RunDir, progress, seed_everything
+from embodied.rollout.backends import DistributedConfig, make_rollouts
 from embodied.train.common import (
     OptimConfig,
     latest_checkpoint,
@@ -57,7 +57,7 @@ from embodied.train.common import (
     make_optimizer,
     resolve_device,
 )
-from embodied.train.online import (
+from embodied.train.onpolicy import (
     Iterations,
     check_ratio,
     collect_decisions,

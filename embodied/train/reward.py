@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.nn import UNKNOWN_WORD, build_vocab
+from embodied.core.nn import UNKNOWN_WORD, build_vocab
+from embodied.core.run import RunDir, progress, seed_everything
 from embodied.rewards.labels import rewind_order, rewind_split
 from embodied.rewards.progress import ProgressConfig, ProgressRewardModel, augment_frames
-from embodied.run import RunDir, progress, seed_everything
 from embodied.train.common import (
     OptimConfig,
     batch_indices,

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from embodied.config import save_config
+from embodied.core.config import save_config
 
 __all__ = ["MetricsLogger", "RunDir", "progress", "read_metrics", "seed_everything"]
 

@@ -8,7 +8,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from embodied.trajectory import Trajectory, TrajectoryBuilder
+from embodied.core.trajectory import Trajectory, TrajectoryBuilder
 
 ActFn = Callable[[dict[str, Any]], np.ndarray]
 # What a trajectory records as its actions: what the env executed, or the expert's clean labels.
@@ -249,7 +249,7 @@ class PolicyActor:
         """Actions ``[num_envs, A]`` for the batched observation."""
         import torch
 
-        from embodied.types import env_observation_features
+        from embodied.core.types import env_observation_features
 
         for i in range(self.num_envs):
             frame = env_observation_features(_take(obs, i))
@@ -331,7 +331,7 @@ def decision_windows(traj: Trajectory, n_obs_steps: int) -> dict[str, np.ndarray
     """The observation windows ``{feature: [K, n_obs_steps, ...]}`` each recorded decision saw:
     observations ``s - n + 1 .. s`` for a decision at step ``s``, the first repeated before the
     episode's start (as ``PolicyActor`` keeps them)."""
-    from embodied.types import env_observation_features
+    from embodied.core.types import env_observation_features
 
     steps = np.asarray(traj.decision_steps, dtype=np.int64)
     offsets = np.arange(n_obs_steps) - (n_obs_steps - 1)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from embodied.io import atomic_write_text
+from embodied.core.io import atomic_write_text
 
 
 @dataclass
@@ -185,7 +185,7 @@ def evaluate_reward(
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a markdown table (n/a where a method has no such output)."""
-    from embodied.report import markdown_table
+    from embodied.evaluation.report import markdown_table
 
     keys = list(dict.fromkeys(k for r in rows for k in r))
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodied.io import atomic_open, atomic_write_text
+from embodied.core.io import atomic_open, atomic_write_text
 
 UNKNOWN_WORD = "<unk>"
 _WORD = re.compile(r"[a-z0-9]+")

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from embodied import __version__
-from embodied.allocator import keep_freed_memory
+from embodied.apps.allocator import keep_freed_memory
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from embodied.config import load_config
-    from embodied.demo import QUICK, DemoConfig, run_demo, summary_text
+    from embodied.apps.demo import QUICK, DemoConfig, run_demo, summary_text
+    from embodied.core.config import load_config
 
     quick = QUICK if args.quick else []
     overrides = [*quick, *args.overrides] + ([f"out={args.out}"] if args.out else [])
@@ -26,8 +26,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
-    from embodied.collect import CollectConfig, run_collect
-    from embodied.config import load_config
+    from embodied.apps.collect import CollectConfig, run_collect
+    from embodied.core.config import load_config
 
     flags = {
         "task": args.task,
@@ -47,9 +47,9 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from embodied.config import load_config
-    from embodied.evaluate import EvalConfig, run_eval
-    from embodied.report import EVAL_HEADERS, eval_rows, markdown_table
+    from embodied.core.config import load_config
+    from embodied.evaluation.report import EVAL_HEADERS, eval_rows, markdown_table
+    from embodied.evaluation.suite import EvalConfig, run_eval
 
     flags = {
         "policy": args.policy,
@@ -71,7 +71,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval_reward(args: argparse.Namespace) -> int:
-    from embodied.evaluate_reward import evaluate_reward, markdown, write_json
+    from embodied.evaluation.reward import evaluate_reward, markdown, write_json
 
     rows = evaluate_reward(
         args.dataset,
@@ -87,7 +87,7 @@ def _cmd_eval_reward(args: argparse.Namespace) -> int:
 
 
 def _cmd_label(args: argparse.Namespace) -> int:
-    from embodied.label import run_label
+    from embodied.apps.label import run_label
 
     print(run_label(args.dataset, method=args.method, camera=args.camera).line())
     return 0
@@ -127,7 +127,7 @@ def _cmd_dataset_validate(args: argparse.Namespace) -> int:
 def _run_training(args: argparse.Namespace, config_class: type, train: Any, saved: str) -> int:
     """``embodied train ...``: config file + overrides (+ ``--resume``), train, print where the
     result was saved (``saved`` names the run's sub-directory)."""
-    from embodied.config import load_config
+    from embodied.core.config import load_config
 
     overrides = list(args.overrides) + ([f"resume={args.resume}"] if args.resume else [])
     run = train(load_config(config_class, args.config, overrides))
@@ -154,7 +154,7 @@ def _cmd_train_grpo(args: argparse.Namespace) -> int:
 
 
 def _cmd_train_tpo(args: argparse.Namespace) -> int:
-    from embodied.train.preference import TPOConfig, train_tpo
+    from embodied.train.tpo import TPOConfig, train_tpo
 
     return _run_training(args, TPOConfig, train_tpo, "policy")
 
@@ -176,18 +176,18 @@ def _bench_note(args: argparse.Namespace):
 
 def _print_rows(rows: list, as_json: bool) -> int:
     """Bench rows as a table, or as JSON with ``--json``."""
-    from embodied.bench import format_table
+    from embodied.apps.bench import format_table
 
     print(json.dumps([r.as_dict() for r in rows], indent=2) if as_json else format_table(rows))
     return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    """Run ``embodied.bench.<args.bench_function>`` with the command-line options of the same
+    """Run ``embodied.apps.bench.<args.bench_function>`` with the command-line options of the same
     names (lists become tuples where the function's default is a tuple)."""
     import inspect
 
-    from embodied import bench
+    from embodied.apps import bench
 
     run = getattr(bench, args.bench_function)
     kwargs = {}
@@ -202,7 +202,7 @@ def _cmd_bench_all(args: argparse.Namespace) -> int:
     """Every table, at settings that finish in minutes on a 2-core CPU."""
     import time
 
-    from embodied import bench
+    from embodied.apps import bench
 
     note = _bench_note(args)
     start = time.perf_counter()

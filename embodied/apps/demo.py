@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embodied.config import config_from
-from embodied.io import atomic_write_bytes, atomic_write_text
-from embodied.run import RunDir, read_metrics, seed_everything
+from embodied.core.config import config_from
+from embodied.core.io import atomic_write_bytes, atomic_write_text
+from embodied.core.run import RunDir, read_metrics, seed_everything
 
 STAGES = ("collect", "label", "reward model", "bc", "eval bc", "grpo", "eval grpo")
 
@@ -159,7 +159,7 @@ def check_config(cfg: DemoConfig) -> None:
 def stage_configs(cfg: DemoConfig, task: str, root: Path) -> dict[str, Any]:
     """The demo's stages for ``task`` as the configs of the ordinary jobs (checked up front, so
     a bad key fails before minutes of work)."""
-    from embodied.collect import CollectConfig
+    from embodied.apps.collect import CollectConfig
     from embodied.train.bc import BCConfig
     from embodied.train.grpo import GRPOConfig
     from embodied.train.grpo import check_config as check_grpo
@@ -215,8 +215,8 @@ def _run_task(
     cfg: DemoConfig, task: str, plan: dict[str, Any], run: RunDir, echo: Any
 ) -> TaskOutcome:
     """The seven stages on one task."""
-    from embodied.collect import run_collect
-    from embodied.label import run_label
+    from embodied.apps.collect import run_collect
+    from embodied.apps.label import run_label
     from embodied.policies import Policy
     from embodied.rewards import ProgressRewardModel
     from embodied.train.bc import train_bc
@@ -271,10 +271,10 @@ def _evaluate(
 ) -> tuple[Any, list[list[float]]]:
     """Greedy evaluation on the held-out seeds, with videos; the reward model's progress of every
     episode comes back beside the privileged result."""
-    from embodied.evaluate import check_action_space, evaluate_task
-    from embodied.rollout import PolicyActor
+    from embodied.evaluation.suite import check_action_space, evaluate_task
+    from embodied.rollout.episodes import PolicyActor
     from embodied.train.grpo import learned_progress
-    from embodied.train.online import env_kwargs
+    from embodied.train.onpolicy import env_kwargs
 
     n_obs = int(getattr(policy.config, "n_obs_steps", 1))
     result, trajs = evaluate_task(
@@ -331,7 +331,7 @@ def summary_rows(outcomes: Sequence[TaskOutcome]) -> list[list[str]]:
 
 def markdown_summary(outcomes: Sequence[TaskOutcome]) -> str:
     """The before/after table as markdown (the demo's one-screen summary)."""
-    from embodied.report import markdown_table
+    from embodied.evaluation.report import markdown_table
 
     return markdown_table(SUMMARY_HEADERS, summary_rows(outcomes))
 
@@ -353,7 +353,7 @@ def timing_rows(outcomes: Sequence[TaskOutcome]) -> list[list[str]]:
 
 def learning_curves_plot(outcome: TaskOutcome) -> bytes:
     """Reward model (loss, validation AUROC), BC loss, GRPO rollout success and return."""
-    from embodied.report import _pyplot, figure_png
+    from embodied.evaluation.report import _pyplot, figure_png
 
     plt = _pyplot()
     reward = read_metrics(outcome.runs["reward"])
@@ -390,7 +390,7 @@ def learning_curves_plot(outcome: TaskOutcome) -> bytes:
 def monitor_plot(outcome: TaskOutcome) -> bytes:
     """The reward-hacking monitor: learned vs privileged progress on each GRPO iteration's
     rollouts (their per-step correlation, and both mean final values)."""
-    from embodied.report import _pyplot, figure_png
+    from embodied.evaluation.report import _pyplot, figure_png
 
     plt = _pyplot()
     grpo = [r for r in read_metrics(outcome.runs["grpo"]) if "monitor/reward_corr" in r]
@@ -417,7 +417,7 @@ def write_report(
     path: Path, cfg: DemoConfig, outcomes: Sequence[TaskOutcome], seconds: float
 ) -> None:
     """``results.json``, ``report.md``, the plots and a self-contained ``report.html``."""
-    from embodied.report import (
+    from embodied.evaluation.report import (
         html_page,
         html_table,
         image_tag,

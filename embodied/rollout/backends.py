@@ -41,7 +41,7 @@ class DistributedConfig:
 def _rollout(vec: Any, policy: Any, seeds: Sequence[int], ids: Sequence[int], sample_seed: int,
              deterministic: bool) -> list[Any]:  # fmt: skip
     """Episodes ``seeds`` (ids ``ids``) on ``vec``, decisions recorded, in the given order."""
-    from embodied.rollout import PolicyActor, rollout_vector
+    from embodied.rollout.episodes import PolicyActor, rollout_vector
 
     n_obs = int(getattr(policy.config, "n_obs_steps", 1))
     actor = PolicyActor(

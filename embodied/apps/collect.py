@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from embodied.run import progress
+from embodied.core.run import progress
 
 POLICIES = ("expert", "random")
 
@@ -74,7 +74,7 @@ class CollectSummary:
 def check_config(cfg: CollectConfig) -> None:
     """Reject bad settings before any env is built, naming the setting."""
     import embodied.sims as sims
-    from embodied.rollout import RECORDS
+    from embodied.rollout.episodes import RECORDS
 
     if cfg.policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {cfg.policy!r}")
@@ -99,7 +99,7 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
     import embodied.sims as sims
     from embodied.datasets import LeRobotDatasetWriter
     from embodied.rewards.labels import rewind, rewind_split
-    from embodied.rollout import rollout_vector
+    from embodied.rollout.episodes import rollout_vector
 
     check_config(cfg)
     rng = np.random.default_rng(cfg.seed)
@@ -180,7 +180,7 @@ def _state_names(vec: Any, obs_mode: str) -> dict[str, list[str]]:
 
 def _policy(cfg: CollectConfig, vec: Any, rng: np.random.Generator) -> Callable[[Any], np.ndarray]:
     """Batched actions for every sub-env: the (noisy) scripted experts or uniform random."""
-    from embodied.rollout import ExpertActor, RandomActor
+    from embodied.rollout.episodes import ExpertActor, RandomActor
 
     if cfg.policy == "random":
         return RandomActor(vec, rng)

@@ -201,7 +201,7 @@ def bench_collect(
     dataset) per worker count; median of ``repeats`` runs, each into a fresh temporary dir."""
     import tempfile
 
-    from embodied.collect import CollectConfig, run_collect
+    from embodied.apps.collect import CollectConfig, run_collect
 
     rates: dict[int, tuple[float, float]] = {}
     for count in workers:
@@ -260,7 +260,7 @@ def bench_dataset(
 
     import av
 
-    from embodied.collect import CollectConfig, run_collect
+    from embodied.apps.collect import CollectConfig, run_collect
     from embodied.datasets import LeRobotDataset
 
     if progress is not None:
@@ -505,7 +505,7 @@ class TrainRow(_Row):
 
     model: str
     batch: int
-    allocator: str  # "glibc default" or "keep freed memory" (embodied.allocator)
+    allocator: str  # "glibc default" or "keep freed memory" (embodied.apps.allocator)
     steps_per_s: float
     baseline: str
     speedup: float  # steps/s / baseline steps/s
@@ -525,7 +525,7 @@ def bench_train(
     glibc the one row per model is the system's malloc."""
     import torch
 
-    from embodied.allocator import keep_freed_memory
+    from embodied.apps.allocator import keep_freed_memory
     from embodied.policies import DiffusionPolicy
     from embodied.rewards import ProgressConfig, ProgressRewardModel
     from embodied.train.common import resolve_device, to_device
@@ -610,8 +610,8 @@ def bench_rollout(
     stochastic, decisions recorded, state observations): a sync vector env in this process, an
     async one (a process per env), and Ray actors when Ray is installed."""
     import embodied.policies  # noqa: F401  (registers the policy types)
-    from embodied.distributed import DistributedConfig, LocalRollouts, make_rollouts
     from embodied.policies.base import POLICIES
+    from embodied.rollout.backends import DistributedConfig, LocalRollouts, make_rollouts
 
     tasks = ["put the red block on the green plate"]
     config = POLICIES["diffusion"].config_from_dataset(

@@ -34,7 +34,7 @@ def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> A
 def env_kwargs(policy: Any, reward_model: Any) -> dict[str, Any]:
     """Env options giving the policy its inputs and, for a learned reward, the front camera at
     the reward model's size."""
-    from embodied.evaluate import env_kwargs_for_policy
+    from embodied.evaluation.suite import env_kwargs_for_policy
 
     kwargs = env_kwargs_for_policy(policy)
     if reward_model is not None:
@@ -52,7 +52,7 @@ def env_kwargs(policy: Any, reward_model: Any) -> dict[str, Any]:
 
 def rollout_groups(rollouts: Any, seeds: list[int], group_size: int, sample_seed: int) -> list:
     """``group_size`` stochastic rollouts from each seed, group by group, decisions recorded, on
-    a ``embodied.distributed`` backend (local or Ray: the same trajectories either way)."""
+    a ``embodied.rollout.backends`` backend (local or Ray: the same trajectories either way)."""
     from embodied.sims.vector import grouped_seeds
 
     return rollouts.run(grouped_seeds(seeds, group_size), sample_seed, deterministic=False)
@@ -100,7 +100,7 @@ def trajectory_totals(
 
 def collect_decisions(trajs: list[Any], advantages: np.ndarray, n_obs_steps: int) -> Decisions:
     """Flatten the trajectories' decisions, each with its trajectory's advantage."""
-    from embodied.rollout import decision_windows
+    from embodied.rollout.episodes import decision_windows
 
     obs: dict[str, list[np.ndarray]] = {}
     outputs: dict[str, list[np.ndarray]] = {}
@@ -188,7 +188,7 @@ class Iterations:
         """Success on ``eval_episodes`` held-out seeds (one batched vector env): deterministic
         (``eval/``) and, with ``cfg.eval_sampled``, sampling as the rollouts do
         (``eval_sampled/``: what RL optimises)."""
-        from embodied.evaluate import evaluate_policy
+        from embodied.evaluation.suite import evaluate_policy
 
         cfg = self.cfg
         n_obs = int(getattr(self.policy.config, "n_obs_steps", 1))

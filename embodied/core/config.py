@@ -28,7 +28,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from embodied.io import atomic_write_text
+from embodied.core.io import atomic_write_text
 
 __all__ = ["ConfigError", "config_to_dict", "load_config", "save_config"]
 

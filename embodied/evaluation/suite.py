@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from embodied.io import atomic_write_text
+from embodied.core.io import atomic_write_text
 
 SUITES = ("tabletop", "metaworld")
 # Meta-World's MT10 benchmark (its ``MT10_V3`` task list), by name so that listing it needs no
@@ -185,7 +185,7 @@ def rollout_task(
     ``workers`` sub-envs run in their own processes unless ``asynchronous=False`` (one process,
     still one batched policy call for all of them)."""
     import embodied.sims as sims
-    from embodied.rollout import rollout_vector
+    from embodied.rollout.episodes import rollout_vector
 
     asynchronous = workers > 1 if asynchronous is None else asynchronous
     vec = sims.make_vec_env(
@@ -217,7 +217,7 @@ def evaluate_policy(
     """Roll ``policy`` out on seeds ``seed..seed+episodes-1``: deterministically (the policy's
     mean action / noise-free chain), or sampling as in RL rollouts (each episode's noise seeded
     by its index, so the result is reproducible)."""
-    from embodied.rollout import PolicyActor
+    from embodied.rollout.episodes import PolicyActor
 
     was_training = policy.training
     policy.eval()
@@ -258,7 +258,7 @@ def evaluate_task(
     on them (paths relative to ``out`` in ``result.videos``). Returns the result and the
     trajectories; ``check`` as in ``rollout_task``. Without an H.264 encoder it warns and writes
     no videos."""
-    from embodied.video import annotate_frames, encoder_available, write_video
+    from embodied.evaluation.video import annotate_frames, encoder_available, write_video
 
     if videos > 0 and not encoder_available():
         warnings.warn("no H.264 encoder (PyAV/FFmpeg): the report has no videos", stacklevel=2)
@@ -328,7 +328,7 @@ def suite_tasks(suite: str, tasks: Sequence[str] = ()) -> list[str]:
 def _actor_factory(cfg: EvalConfig) -> tuple[Callable[[Any], Any], Any]:
     """``make_actor(vec)`` for the configured policy, and the loaded policy (None for the
     scripted expert and random actions)."""
-    from embodied.rollout import ExpertActor, PolicyActor, RandomActor
+    from embodied.rollout.episodes import ExpertActor, PolicyActor, RandomActor
 
     if cfg.policy == "expert":
         return lambda vec: ExpertActor(vec), None
@@ -354,8 +354,8 @@ def _actor_factory(cfg: EvalConfig) -> tuple[Callable[[Any], Any], Any]:
 def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
     """Evaluate on every task; write ``results.json``, ``report.md``, plots, videos and
     ``report.html`` into a new run directory. Return the run and the per-task results."""
-    from embodied.report import write_eval_report
-    from embodied.run import RunDir, progress, seed_everything
+    from embodied.core.run import RunDir, progress, seed_everything
+    from embodied.evaluation.report import write_eval_report
 
     for name in ("episodes", "workers", "image_size", "fps"):
         if getattr(cfg, name) < 1:

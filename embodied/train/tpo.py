@@ -34,8 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from embodied.distributed import DistributedConfig, make_rollouts
-from embodied.run import RunDir, progress, seed_everything
+from embodied.core.run import RunDir, progress, seed_everything
+from embodied.rollout.backends import DistributedConfig, make_rollouts
 from embodied.train.common import (
     OptimConfig,
     latest_checkpoint,
@@ -43,7 +43,7 @@ from embodied.train.common import (
     make_optimizer,
     resolve_device,
 )
-from embodied.train.online import (
+from embodied.train.onpolicy import (
     Iterations,
     check_ratio,
     collect_decisions,
@@ -143,7 +143,7 @@ def decisions_of(data: Any, trajectories: list[int]) -> Any:
 def train_tpo(cfg: TPOConfig) -> RunDir:
     """Run TPO; return the run directory (final policy in ``policy/``)."""
     import embodied.sims as sims
-    from embodied.evaluate import collisions_per_episode
+    from embodied.evaluation.suite import collisions_per_episode
     from embodied.rewards.costs import OBJECTIVES, TrajectoryCost, preference_pairs
 
     if cfg.objective not in OBJECTIVES:
