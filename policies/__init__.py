@@ -1,12 +1,13 @@
-"""Policies: VLA and diffusion/flow planners and small baselines (see DESIGN.md).
+"""Policies: VLA and diffusion/flow planners and small baselines.
 
-Every policy is a ``torch.nn.Module`` registered by name (``register_policy``); ``make_policy``
-builds one from its type and config, ``Policy.from_pretrained`` loads a saved one. This package
-imports only the core (``embodied.core.types``, ``embodied.core.io``), torch, numpy and model libraries
-(diffusers), never the other peers (sims, datasets, rewards).
+Every policy is a ``torch.nn.Module`` implementing ``embodied.core.policy.Policy`` and registered
+by name (``register_policy``); importing this package registers the built-in ones, so
+``Policy.from_pretrained(dir)`` rebuilds any saved policy and ``make_policy(type, ...)`` a new one.
+This package imports only the core, torch, numpy and model libraries (diffusers, transformers),
+never the other peers (sims, datasets, rewards).
 """
 
-from embodied.policies.base import POLICIES, Normalizer, Policy, make_policy, register_policy
+from embodied.core.policy import POLICIES, ActionOutput, Policy, make_policy, register_policy
 from embodied.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from embodied.policies.flow import FlowConfig, FlowPolicy
 from embodied.policies.mlp import MLPConfig, MLPPolicy
@@ -14,13 +15,13 @@ from embodied.policies.vla import VLAConfig, VLAPolicy
 
 __all__ = [
     "POLICIES",
+    "ActionOutput",
     "DiffusionConfig",
     "DiffusionPolicy",
     "FlowConfig",
     "FlowPolicy",
     "MLPConfig",
     "MLPPolicy",
-    "Normalizer",
     "Policy",
     "VLAConfig",
     "VLAPolicy",

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.policies.vision import object_groups
+from embodied.core.nn import object_groups
 
 QUATERNION = ("qw", "qx", "qy", "qz")
 

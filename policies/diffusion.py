@@ -68,23 +68,23 @@ import numpy as np
 import torch
 from torch import nn
 
-from embodied.core.types import ActionOutput
-from embodied.policies.augment import PlanarAugment
-from embodied.policies.base import (
-    ENV_STATE_KEY,
-    STATE_KEY,
-    Policy,
-    check_env_state_encoder,
-    env_state_values,
-    randn,
-    register_policy,
-)
-from embodied.policies.vision import (
+from embodied.core.features import ENV_STATE_KEY, STATE_KEY, ActionSpec, ObservationSpec
+from embodied.core.nn import (
     UNKNOWN_WORD,
     ImageEncoder,
     InstructionEncoder,
     ObjectStateEncoder,
     build_vocab,
+)
+from embodied.core.policy import ActionOutput, register_policy
+from embodied.core.sampling import randn
+from embodied.policies.augment import PlanarAugment
+from embodied.policies.base import (
+    NormalizedPolicy,
+    check_env_state_encoder,
+    config_observation_spec,
+    dataset_state_values,
+    env_state_values,
 )
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -96,6 +96,7 @@ class DiffusionConfig:
 
     state_dim: int
     action_dim: int
+    state_names: list[str] = field(default_factory=list)  # the state values' names, when known
     image_keys: list[str] = field(
         default_factory=list
     )  # e.g. ["observation.image"]; [] = state only
@@ -404,7 +405,7 @@ class DiffusionNet(nn.Module):
 
 
 @register_policy("diffusion")
-class DiffusionPolicy(Policy):
+class DiffusionPolicy(NormalizedPolicy):
     """Diffusion Policy (DDPM training, DDIM sampling) with DPPO log-probabilities."""
 
     config_class = DiffusionConfig
@@ -473,7 +474,7 @@ class DiffusionPolicy(Policy):
             raise ValueError(f"cameras must share one square size, got sizes {sorted(sizes)}")
         env_values, texts = env_state_values(features, tasks)
         values: dict[str, Any] = {
-            "state_dim": int(features[STATE_KEY]["shape"][-1]),
+            **dataset_state_values(features),
             "action_dim": int(features["action"]["shape"][-1]),
             "image_keys": image_keys,
             "vocab": build_vocab(texts),
@@ -498,9 +499,15 @@ class DiffusionPolicy(Policy):
                 stats[ENV_STATE_KEY] = env_state
         return self.fit_state_normalizers(stats)
 
-    def input_keys(self) -> list[str]:
+    @property
+    def observation_spec(self) -> ObservationSpec:
         """Cameras, ``observation.state`` and (when configured) the environment state."""
-        return [*self.config.image_keys, *self.state_keys()]
+        return config_observation_spec(self.config)
+
+    @property
+    def action_spec(self) -> ActionSpec:
+        """``n_action_steps`` actions per decision."""
+        return ActionSpec(self.config.action_dim, self.config.n_action_steps)
 
     @torch.no_grad()
     def ema_update(self) -> None:

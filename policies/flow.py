@@ -69,8 +69,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from embodied.core.types import ActionOutput
-from embodied.policies.base import randn, register_policy
+from embodied.core.policy import ActionOutput, register_policy
+from embodied.core.sampling import randn
 from embodied.policies.diffusion import (
     DiffusionConfig,
     DiffusionNet,

@@ -37,8 +37,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from embodied.core.types import ActionOutput
-from embodied.policies.base import ENV_STATE_KEY, STATE_KEY, Policy, randn, register_policy
+from embodied.core.features import ENV_STATE_KEY, STATE_KEY, ActionSpec, ObservationSpec
+from embodied.core.policy import ActionOutput, register_policy
+from embodied.core.sampling import randn
+from embodied.policies.base import NormalizedPolicy, dataset_state_values
 
 ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # the env action box (sims/conventions.py: Box(-1, 1))
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -51,6 +53,7 @@ class MLPConfig:
     state_dim: int
     action_dim: int
     env_state_dim: int = 0
+    state_names: list[str] = field(default_factory=list)  # the state values' names, when known
     hidden: list[int] = field(default_factory=lambda: [256, 256])
     n_obs_steps: int = 1
     init_log_std: float = -0.5
@@ -79,7 +82,7 @@ class MLPConfig:
 
 
 @register_policy("mlp")
-class MLPPolicy(Policy):
+class MLPPolicy(NormalizedPolicy):
     """Diagonal Gaussian over normalised actions: MLP mean, learned state-independent std."""
 
     config_class = MLPConfig
@@ -117,7 +120,7 @@ class MLPPolicy(Policy):
         if missing:
             raise ValueError(f"dataset has no {missing} features; features: {sorted(features)}")
         sizes = {
-            "state_dim": int(features[STATE_KEY]["shape"][-1]),
+            **dataset_state_values(features),
             "action_dim": int(features["action"]["shape"][-1]),
         }
         if ENV_STATE_KEY in features:
@@ -128,9 +131,21 @@ class MLPPolicy(Policy):
         """State and environment state by mean/std, actions by min/max (dataset statistics)."""
         return self.fit_state_normalizers(stats)
 
-    def input_keys(self) -> list[str]:
-        """``observation.state`` and (when configured) the environment state."""
-        return self.state_keys()
+    @property
+    def observation_spec(self) -> ObservationSpec:
+        """The state (and, when configured, the privileged environment state); no camera."""
+        config = self.config
+        return ObservationSpec(
+            state_dim=config.state_dim,
+            state_names=tuple(config.state_names),
+            env_state_dim=config.env_state_dim,
+            n_obs_steps=config.n_obs_steps,
+        )
+
+    @property
+    def action_spec(self) -> ActionSpec:
+        """One action per decision."""
+        return ActionSpec(self.config.action_dim, 1)
 
     # --- the distribution ---------------------------------------------------------------------
     def _last_step(self, obs: Mapping[str, Any], key: str, dim: int) -> torch.Tensor:

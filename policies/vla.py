@@ -80,24 +80,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodied.core.nn import mean_embedding
-from embodied.core.types import ActionOutput
-from embodied.policies.base import (
-    ENV_STATE_KEY,
-    STATE_KEY,
-    Normalizer,
-    Policy,
-    check_env_state_encoder,
-    env_state_values,
-    multinomial,
-    register_policy,
-)
-from embodied.policies.vision import (
+from embodied.core.features import ENV_STATE_KEY, STATE_KEY, ActionSpec, ObservationSpec
+from embodied.core.nn import (
     UNKNOWN_WORD,
+    Normalizer,
     ObjectTokens,
     build_vocab,
+    mean_embedding,
     object_groups,
     tokenize_words,
+)
+from embodied.core.policy import ActionOutput, Policy, register_policy
+from embodied.core.sampling import multinomial
+from embodied.policies.base import (
+    check_env_state_encoder,
+    config_observation_spec,
+    dataset_state_values,
+    env_state_values,
 )
 
 ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # the env action box (sims/conventions.py: Box(-1, 1))
@@ -111,6 +110,7 @@ class VLAConfig:
 
     action_dim: int
     state_dim: int = 0  # 0 = no observation.state input
+    state_names: list[str] = field(default_factory=list)  # the state values' names, when known
     env_state_dim: int = 0  # > 0: also read the privileged observation.environment_state
     env_state_names: list[str] = field(default_factory=list)  # "object.quantity" per value
     env_state_encoder: str = "flat"  # "flat": into the proprio MLP; "objects": a token per object
@@ -459,8 +459,7 @@ class VLAPolicy(Policy):
         }
         if tasks:
             values["max_instruction_tokens"] = max(1, *(len(tokenize_words(t)) for t in tasks))
-        if STATE_KEY in features:
-            values["state_dim"] = int(features[STATE_KEY]["shape"][-1])
+        values.update(dataset_state_values(features))
         if horizon is not None:
             values["horizon"] = int(horizon)
             n_obs = int(overrides.get("n_obs_steps", 1))
@@ -512,14 +511,19 @@ class VLAPolicy(Policy):
         self.action_high.copy_(torch.where(flat, centre + 1e-3, high))
         return self
 
-    def input_keys(self) -> list[str]:
+    @property
+    def observation_spec(self) -> ObservationSpec:
         """The cameras and (with proprio tokens) the state features."""
-        keys = list(self.config.image_keys)
-        if self.state_normalizer is not None:
-            keys.append(STATE_KEY)
-        if self.env_state_normalizer is not None:
-            keys.append(ENV_STATE_KEY)
-        return keys
+        return config_observation_spec(
+            self.config,
+            reads_state=self.state_normalizer is not None,
+            reads_env_state=self.env_state_normalizer is not None,
+        )
+
+    @property
+    def action_spec(self) -> ActionSpec:
+        """``n_action_steps`` decoded actions per decision."""
+        return ActionSpec(self.config.action_dim, self.config.n_action_steps)
 
     # --- the action tokenizer ------------------------------------------------------------------
     @property

@@ -33,10 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodied.core.nn import (
-    UNKNOWN_WORD,
-    ImageEncoder,
-    InstructionEncoder,
+from embodied.core.nn import UNKNOWN_WORD, ImageEncoder, InstructionEncoder
+from embodied.core.pretrained import (
     config_from_dict,
     load_weights,
     read_pretrained,

@@ -180,23 +180,22 @@ def test_bench_dataset_reports_reads_against_raw_video_decode(capsys) -> None:
         assert row["ratio"] == pytest.approx(row["baseline_frames_per_s"] / row["frames_per_s"])
 
 
-def test_suite_and_eval_env_options_follow_the_dataset() -> None:
-    from embodied.evaluation.suite import env_kwargs_for_features
+def test_suite_and_eval_env_options_follow_the_policy_inputs() -> None:
+    from embodied.core.features import ObservationSpec
+    from embodied.rollout.matching import env_options
 
     assert sims.suite_of("metaworld/reach-v3") == "metaworld"
     assert sims.suite_of("PickPlace") == "tabletop"
-    image = {"dtype": "video", "shape": [64, 64, 3]}
-    single = {"observation.state": {}, "observation.image": image}
     # One unnamed image: the env's default camera made it (works for Meta-World's too).
-    assert env_kwargs_for_features(single) == {"obs_mode": "pixels", "image_size": (64, 64)}
-    two = {
-        "observation.images.front": image,
-        "observation.images.wrist": image,
-        "observation.environment_state": {},
-    }
-    assert env_kwargs_for_features(two) == {
+    single = ObservationSpec(cameras={"observation.image": (64, 64)}, state_dim=4)
+    assert env_options(single) == {"obs_mode": "pixels", "image_size": (64, 64)}
+    two = ObservationSpec(
+        cameras={"observation.images.front": (64, 64), "observation.images.wrist": (64, 64)},
+        env_state_dim=5,
+    )
+    assert env_options(two) == {
         "obs_mode": "pixels_state",
         "image_size": (64, 64),
         "cameras": ["front", "wrist"],
     }
-    assert env_kwargs_for_features({"observation.state": {}}) == {"obs_mode": "state"}
+    assert env_options(ObservationSpec(state_dim=4)) == {"obs_mode": "state"}

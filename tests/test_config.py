@@ -1,4 +1,4 @@
-"""Tests for embodied.core.config: defaults, YAML/override precedence, typed results, clear errors."""
+"""Tests for embodied.core.config: defaults, YAML/override precedence, types, clear errors."""
 
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from diffusers import DDIMScheduler
 
-from embodied.policies.base import Policy
+from embodied.core.nn import InstructionEncoder, build_vocab
+from embodied.core.policy import Policy
 from embodied.policies.diffusion import DiffusionConfig, DiffusionPolicy
-from embodied.policies.vision import InstructionEncoder, build_vocab
 
 INSTRUCTIONS = ["Pick the red cube", "open the drawer", "pick the BLUE cube", ""]
 STATS = {
@@ -103,7 +103,7 @@ def test_environment_state_and_conditioning_mlp_are_used():
     torch.manual_seed(0)
     config = tiny_config(env_state_dim=5, cond_mlp_dims=[24])
     policy = DiffusionPolicy(config).fit_normalizers(stats)
-    assert policy.input_keys() == [
+    assert policy.observation_spec.keys() == [
         "observation.image",
         "observation.state",
         "observation.environment_state",
@@ -350,7 +350,7 @@ def test_save_and_load_in_a_fresh_process(tmp_path: Path):
         import numpy as np, torch
         torch.set_num_threads(1)
         import embodied.policies.diffusion  # registers "diffusion"
-        from embodied.policies.base import Policy
+        from embodied.core.policy import Policy
         policy = Policy.from_pretrained({str(directory)!r})
         obs = {{k: torch.from_numpy(v) for k, v in np.load({str(tmp_path / "obs.npz")!r}).items()}}
         out = policy.act(obs, {INSTRUCTIONS!r}, generator=torch.Generator().manual_seed(7))

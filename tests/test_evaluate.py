@@ -15,13 +15,8 @@ import pytest
 import embodied.sims as sims
 from embodied.apps.cli import main
 from embodied.core.trajectory import TrajectoryBuilder
-from embodied.evaluation.suite import (
-    EvalConfig,
-    run_eval,
-    suite_tasks,
-    summarize,
-    wilson_interval,
-)
+from embodied.evaluation.results import summarize, wilson_interval
+from embodied.evaluation.suite import EvalConfig, run_eval, suite_tasks
 from embodied.evaluation.video import annotate_frames
 from embodied.rollout.episodes import ExpertActor, rollout_vector
 
@@ -183,10 +178,32 @@ def test_eval_refuses_bad_input_before_any_rollout(tmp_path: Path) -> None:
     policy = make_policy("mlp", state_dim=4, action_dim=3)
     policy.save_pretrained(tmp_path / "policy3")
     cfg = EvalConfig(policy=str(tmp_path / "policy3"), tasks=["Reach"], out=str(tmp_path / "r"))
-    with pytest.raises(ValueError, match=r"shape \(3,\) but Reach takes actions of shape \(4,\)"):
+    with pytest.raises(ValueError, match="the policy outputs 3-D actions, Reach takes 4-D"):
         run_eval(cfg)
     assert not (tmp_path / "r").exists()  # refused before a run directory or rollout
     with pytest.raises(ValueError, match="has no config.json"):
         run_eval(EvalConfig(policy=str(tmp_path / "nothing"), out=str(tmp_path / "r")))
     with pytest.raises(ValueError, match=r"videos must be in \[0, episodes=2\]"):
         run_eval(EvalConfig(episodes=2, videos=3, out=str(tmp_path / "r")))
+
+
+def test_a_tabletop_policy_is_refused_on_metaworld_before_any_rollout(tmp_path: Path) -> None:
+    """Same action and state sizes, other state values: the names tell them apart."""
+    pytest.importorskip("metaworld")
+    from embodied.policies import make_policy
+
+    names = ["ee.x", "ee.y", "ee.z", "gripper.gap"]  # what tabletop datasets record
+    policy = make_policy("mlp", state_dim=4, action_dim=4, state_names=names)
+    policy.save_pretrained(tmp_path / "tabletop")
+    cfg = EvalConfig(
+        policy=str(tmp_path / "tabletop"), suite="metaworld", tasks=["reach-v3"], episodes=1,
+        videos=0, out=str(tmp_path / "r"),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"reads observation.state values \['ee.x'.*hand.x"):
+        run_eval(cfg)
+    assert not (tmp_path / "r").exists()
+    # The same policy on its own suite runs.
+    cfg = EvalConfig(policy=str(tmp_path / "tabletop"), tasks=["Reach"], episodes=1, videos=0,
+                     out=str(tmp_path / "ok"))  # fmt: skip
+    _, (result,) = run_eval(cfg)
+    assert result.episodes == 1

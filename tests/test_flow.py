@@ -14,10 +14,10 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
+from embodied.core.nn import build_vocab
+from embodied.core.policy import Policy
 from embodied.policies import FlowConfig, FlowPolicy, make_policy
-from embodied.policies.base import Policy
 from embodied.policies.diffusion import DiffusionPolicy
-from embodied.policies.vision import build_vocab
 
 INSTRUCTIONS = ["Pick the red cube", "open the drawer", "pick the BLUE cube", ""]
 STATS = {
@@ -72,7 +72,7 @@ def test_registered_and_built_by_name():
     assert isinstance(policy, FlowPolicy) and isinstance(policy, DiffusionPolicy)
     assert policy.policy_type == "flow" and DiffusionPolicy.policy_type == "diffusion"
     assert not hasattr(policy, "alphas_cumprod")  # no DDPM machinery left to misuse
-    assert policy.input_keys() == ["observation.image", "observation.state"]
+    assert policy.observation_spec.keys() == ["observation.image", "observation.state"]
 
 
 def test_act_shapes_range_and_reproducibility():
@@ -314,7 +314,7 @@ def test_save_and_load_in_a_fresh_process(tmp_path: Path):
         import numpy as np, torch
         torch.set_num_threads(1)
         import embodied.policies  # registers "flow"
-        from embodied.policies.base import Policy
+        from embodied.core.policy import Policy
         policy = Policy.from_pretrained({str(directory)!r})
         obs = {{k: torch.from_numpy(v) for k, v in np.load({str(tmp_path / "obs.npz")!r}).items()}}
         out = policy.act(obs, {INSTRUCTIONS!r}, generator=torch.Generator().manual_seed(7))

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from embodied.core.nn import build_vocab
 from embodied.policies import make_policy
-from embodied.policies.vision import build_vocab
 from embodied.rewards import ProgressConfig, ProgressRewardModel
 from embodied.rollout.backends import LocalRollouts
 from embodied.train.grpo import (
@@ -203,8 +203,7 @@ def test_ratio_is_one_before_the_first_update(kind: str) -> None:
         trajs[0].observations["agent_pos"][0], trajs[1].observations["agent_pos"][0]
     )
     assert not np.array_equal(trajs[0].actions, trajs[1].actions)  # stochastic within a group
-    n_obs = int(getattr(policy.config, "n_obs_steps", 1))
-    data = collect_decisions(trajs, np.array([1.0, -1.0, 0.5, -0.5]), n_obs)
+    data = collect_decisions(trajs, np.array([1.0, -1.0, 0.5, -0.5]), policy.observation_spec)
     assert len(data) == sum(t.num_decisions for t in trajs) > 0
     log_prob = element_log_probs(policy, data, torch.device("cpu"))
     assert log_prob.shape == data.old_log_prob.shape
@@ -225,7 +224,7 @@ def test_drifted_recomputation_stops_with_a_message() -> None:
         trajs = rollout_groups(rollouts, [0], group_size=2, sample_seed=0)
     finally:
         rollouts.close()
-    data = collect_decisions(trajs, np.zeros(2), 1)
+    data = collect_decisions(trajs, np.zeros(2), policy.observation_spec)
     with torch.no_grad():
         for p in policy.parameters():
             p.add_(0.5)

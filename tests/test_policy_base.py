@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from embodied.core.nn import Normalizer
 from embodied.policies import (
     POLICIES,
     MLPConfig,
     MLPPolicy,
-    Normalizer,
     Policy,
     make_policy,
 )

@@ -1,4 +1,4 @@
-"""Tests for embodied.core.run and embodied.core.io: run directories, metrics, seeding, atomic writes."""
+"""Tests for embodied.core.run and .io: run directories, metrics, seeding, atomic writes."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from embodied.core.policy import Policy
 from embodied.policies import POLICIES, make_policy
-from embodied.policies.base import Policy
 from embodied.policies.vla import VLAConfig, VLAPolicy, build_word_tokenizer
 
 INSTRUCTIONS = ["Reach the red block", "go to the BLUE block", "unknown words only", ""]
@@ -306,7 +306,7 @@ def test_config_from_dataset_and_registry():
     assert config.n_action_steps == 4 and config.max_instruction_tokens == 6
     assert config.vocab == ["block", "blue", "go", "now", "reach", "red", "the", "to"]
     policy = VLAPolicy(config).fit_normalizers(STATS)
-    assert policy.input_keys() == [
+    assert policy.observation_spec.keys() == [
         "observation.image",
         "observation.state",
         "observation.environment_state",
@@ -314,7 +314,9 @@ def test_config_from_dataset_and_registry():
     assert POLICIES["vla"] is VLAPolicy
     assert isinstance(make_policy("vla", tiny_config()), VLAPolicy)
     no_proprio = VLAPolicy(tiny_config(use_proprio=False))
-    assert no_proprio.input_keys() == ["observation.image"] and no_proprio.proprio is None
+    assert (
+        no_proprio.observation_spec.keys() == ["observation.image"] and no_proprio.proprio is None
+    )
     no_proprio.fit_normalizers({"action": STATS["action"]})  # no state statistics needed
     assert no_proprio.act(observations(), INSTRUCTIONS).actions.shape == (4, 3, 2)
     n_params = sum(p.numel() for p in VLAPolicy(VLAConfig(action_dim=4, state_dim=4)).parameters())
@@ -332,7 +334,7 @@ def test_save_and_load_in_a_fresh_process(tmp_path: Path):
         f"""
         import numpy as np, torch
         torch.set_num_threads(1)
-        from embodied.policies.base import Policy
+        from embodied.core.policy import Policy
         import embodied.policies  # registers "vla"
         policy = Policy.from_pretrained({str(directory)!r})
         obs = {{k: torch.from_numpy(v) for k, v in np.load({str(tmp_path / "obs.npz")!r}).items()}}

@@ -9,8 +9,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from embodied.core.features import observation_feature
 from embodied.core.trajectory import Trajectory
-from embodied.core.types import observation_feature
 from embodied.datasets.lerobot.layout import DEFAULT_FEATURES, DatasetError, _episodes_path
 
 # Features computed from other Trajectory fields; they have no "trajectory_field" of their own.

@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embodied.core.features import observation_feature
 from embodied.core.trajectory import Trajectory
-from embodied.core.types import observation_feature
 from embodied.datasets.lerobot.add_feature import _add_frame_feature, _extra_features
 from embodied.datasets.lerobot.arrow import _arrow_spec, _to_arrow
 from embodied.datasets.lerobot.files import _read_table, _write_json, _write_parquet

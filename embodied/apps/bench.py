@@ -359,16 +359,15 @@ def _random_observation(policy: Any, batch: int, rng: np.random.Generator) -> di
     """A batch ``[B, n_obs, ...]`` of every feature ``policy`` reads (uint8 images)."""
     import torch
 
-    config = policy.config
-    n_obs = getattr(config, "n_obs_steps", 1)
+    spec = policy.observation_spec
+    n_obs = spec.n_obs_steps
     obs = {}
-    for key in policy.input_keys() or ["observation.state"]:
-        if key.startswith("observation.image"):
-            size = config.image_size
-            shape = (batch, n_obs, size, size, 3)
-            obs[key] = torch.from_numpy(rng.integers(0, 256, shape, dtype=np.uint8))
-        else:
-            dim = config.state_dim if key == "observation.state" else config.env_state_dim
+    for key, (height, width) in spec.cameras.items():
+        shape = (batch, n_obs, height, width, 3)
+        obs[key] = torch.from_numpy(rng.integers(0, 256, shape, dtype=np.uint8))
+    for key, dim in (("observation.state", spec.state_dim),
+                     ("observation.environment_state", spec.env_state_dim)):  # fmt: skip
+        if dim:
             obs[key] = torch.from_numpy(rng.normal(size=(batch, n_obs, dim)).astype(np.float32))
     return obs
 
@@ -388,7 +387,7 @@ def bench_policy(
     import torch
 
     import embodied.policies  # noqa: F401  (registers the policy types)
-    from embodied.policies.base import POLICIES, Policy
+    from embodied.core.policy import POLICIES, Policy
     from embodied.train.common import resolve_device
 
     where = resolve_device(device)
@@ -610,7 +609,7 @@ def bench_rollout(
     stochastic, decisions recorded, state observations): a sync vector env in this process, an
     async one (a process per env), and Ray actors when Ray is installed."""
     import embodied.policies  # noqa: F401  (registers the policy types)
-    from embodied.policies.base import POLICIES
+    from embodied.core.policy import POLICIES
     from embodied.rollout.backends import DistributedConfig, LocalRollouts, make_rollouts
 
     tasks = ["put the red block on the green plate"]

@@ -271,18 +271,15 @@ def _evaluate(
 ) -> tuple[Any, list[list[float]]]:
     """Greedy evaluation on the held-out seeds, with videos; the reward model's progress of every
     episode comes back beside the privileged result."""
-    from embodied.evaluation.suite import check_action_space, evaluate_task
+    from embodied.evaluation.suite import evaluate_task, policy_check
     from embodied.rollout.episodes import PolicyActor
     from embodied.train.grpo import learned_progress
     from embodied.train.onpolicy import env_kwargs
 
-    n_obs = int(getattr(policy.config, "n_obs_steps", 1))
     result, trajs = evaluate_task(
         root,
         task,
-        lambda vec: PolicyActor(
-            policy, vec.num_envs, n_obs, deterministic=True, seed=cfg.eval_seed
-        ),
+        lambda vec: PolicyActor(policy, vec.num_envs, deterministic=True, seed=cfg.eval_seed),
         cfg.eval_episodes,
         cfg.eval_seed,
         env_kwargs(policy, reward_model),  # the reward model's camera: scores and videos
@@ -291,7 +288,7 @@ def _evaluate(
         fps=cfg.fps,
         asynchronous=False,
         prefix=f"{prefix}-",
-        check=lambda shape: check_action_space(policy, task, shape),
+        check=policy_check(policy, task),
     )
     learned = learned_progress(reward_model, trajs, frames)
     return result, [c.tolist() for c in learned]

@@ -1,4 +1,4 @@
-"""Neural-network building blocks shared by the peers (policies, rewards): encoders and save/load.
+"""Neural-network building blocks shared by the peers (policies, rewards): encoders, normalisers.
 
 - ``ImageEncoder``: Diffusion Policy's camera encoder, scaled down: a small ResNet with GroupNorm
   (batch statistics are a poor fit for the small, correlated batches of RL) ending in a
@@ -10,29 +10,23 @@
 - ``ObjectTokens`` / ``ObjectStateEncoder``: a privileged state whose values are named
   ``object.quantity`` becomes one token per object; instruction-dependent queries attend over
   them (language grounding from few demonstrations).
-- ``save_pretrained`` / ``load_pretrained``: Hugging Face style directories (``config.json`` +
-  ``model.safetensors``) written atomically; loading refuses weights that do not match the config,
-  naming the tensor and both shapes, and config keys the dataclass does not have.
+- ``Normalizer``: feature scaling from dataset statistics, kept in buffers so it is saved with
+  the weights.
 
 ``embodied.policies`` and ``embodied.rewards`` never import each other; both import these.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-import os
 import re
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from embodied.core.io import atomic_open, atomic_write_text
 
 UNKNOWN_WORD = "<unk>"
 _WORD = re.compile(r"[a-z0-9]+")
@@ -289,70 +283,46 @@ class ObjectStateEncoder(nn.Module):
         return out.flatten(1)
 
 
-# --- save / load (Hugging Face style) ----------------------------------------------------------
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
+class Normalizer(nn.Module):
+    """Feature scaling from dataset statistics, stored as buffers so it travels with the weights.
 
+    ``mode="mean_std"``: ``(x - mean) / std``; ``mode="min_max"``: maps [min, max] to [-1, 1] (the
+    Diffusion Policy convention for actions). Constant dimensions are left unscaled.
+    """
 
-def save_pretrained(
-    module: nn.Module, config: dict[str, Any], directory: str | os.PathLike[str]
-) -> Path:
-    """Write ``config.json`` (``config``, JSON-able) and ``model.safetensors`` (the module's
-    state dict) into ``directory``, each atomically."""
-    from safetensors.torch import save
+    def __init__(self, dim: int, mode: str = "mean_std") -> None:
+        super().__init__()
+        if mode not in ("mean_std", "min_max"):
+            raise ValueError(f"mode must be 'mean_std' or 'min_max', got {mode!r}")
+        self.mode = mode
+        self.register_buffer("shift", torch.zeros(dim))
+        self.register_buffer("scale", torch.ones(dim))
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
-    with atomic_open(directory / WEIGHTS_NAME, "wb") as file:
-        file.write(save(state))
-    atomic_write_text(directory / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
-    return directory
+    @torch.no_grad()
+    def fit(self, stats: Mapping[str, Any]) -> Normalizer:
+        """Set the buffers from a feature's statistics (``mean``/``std`` or ``min``/``max``)."""
 
+        def get(key: str) -> torch.Tensor:
+            return torch.as_tensor(np.asarray(stats[key], dtype=np.float32).reshape(-1))
 
-def read_pretrained(
-    directory: str | os.PathLike[str], what: str = "model"
-) -> tuple[dict[str, Any], Path]:
-    """``(config dict, weights path)`` of a saved directory; missing files name the directory."""
-    directory = Path(directory)
-    for name in (CONFIG_NAME, WEIGHTS_NAME):
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"{directory} is not a saved {what}: {name} is missing")
-    return json.loads((directory / CONFIG_NAME).read_text()), directory / WEIGHTS_NAME
-
-
-def config_from_dict(config_class: type, values: dict[str, Any], directory: Path) -> Any:
-    """The config dataclass from ``config.json``, naming unknown keys."""
-    names = {f.name for f in dataclasses.fields(config_class)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ValueError(
-            f"{Path(directory) / CONFIG_NAME}: unknown keys {unknown} for {config_class.__name__}"
-        )
-    return config_class(**values)
-
-
-def load_exact(module: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
-    """Load weights that match the module exactly: missing, extra or reshaped tensors are errors
-    naming the tensor and both shapes (a config that does not match its weights)."""
-    own = module.state_dict()
-    missing = sorted(set(own) - set(state))
-    extra = sorted(set(state) - set(own))
-    if missing or extra:
-        raise ValueError(
-            f"{path}: weights do not match the config: missing {missing}, extra {extra}"
-        )
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(own[name].shape):
+        if self.mode == "mean_std":
+            shift, scale = get("mean"), get("std")
+        else:
+            low, high = get("min"), get("max")
+            shift, scale = (high + low) / 2, (high - low) / 2
+        if shift.shape != self.shift.shape:
             raise ValueError(
-                f"{path}: weight {name!r} has shape {tuple(tensor.shape)} but the config builds "
-                f"{tuple(own[name].shape)}"
+                f"statistics have shape {tuple(shift.shape)}, the policy expects "
+                f"{tuple(self.shift.shape)}"
             )
-    module.load_state_dict(state, strict=True)
+        self.shift.copy_(shift)
+        self.scale.copy_(torch.where(scale > 1e-6, scale, torch.ones_like(scale)))
+        return self
 
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw -> normalised."""
+        return (x - self.shift) / self.scale
 
-def load_weights(module: nn.Module, path: str | os.PathLike[str]) -> None:
-    """Load ``model.safetensors`` at ``path`` into ``module`` exactly (see ``load_exact``)."""
-    from safetensors.torch import load_file
-
-    load_exact(module, load_file(str(path)), Path(path))
+    def unnormalize(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised -> raw."""
+        return x * self.scale + self.shift

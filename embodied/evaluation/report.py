@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from embodied.core.io import atomic_write_bytes, atomic_write_text
+from embodied.evaluation.results import write_results_json
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; max-width: 70rem; }
@@ -172,7 +173,6 @@ def write_eval_report(
     path: Path, cfg: Any, results: Sequence[Any], seconds: float | None = None
 ) -> None:
     """``results.json``, ``report.md``, ``success.png``, ``progress.png`` and ``report.html``."""
-    from embodied.evaluation.suite import write_results_json
 
     path = Path(path)
     created = time.strftime("%Y-%m-%d %H:%M:%S")

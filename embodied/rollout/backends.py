@@ -24,6 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+import embodied.sims as sims
+from embodied.rollout.episodes import PolicyActor, rollout_vector
+
 BACKENDS = ("local", "ray")
 
 
@@ -41,11 +46,8 @@ class DistributedConfig:
 def _rollout(vec: Any, policy: Any, seeds: Sequence[int], ids: Sequence[int], sample_seed: int,
              deterministic: bool) -> list[Any]:  # fmt: skip
     """Episodes ``seeds`` (ids ``ids``) on ``vec``, decisions recorded, in the given order."""
-    from embodied.rollout.episodes import PolicyActor, rollout_vector
-
-    n_obs = int(getattr(policy.config, "n_obs_steps", 1))
     actor = PolicyActor(
-        policy, vec.num_envs, n_obs, deterministic=deterministic, seed=sample_seed, record=True
+        policy, vec.num_envs, deterministic=deterministic, seed=sample_seed, record=True
     )
     trajs = rollout_vector(vec, actor, list(seeds), episode_ids=list(ids))
     by_id = {int(t.metadata["episode_id"]): t for t in trajs}  # yielded in finishing order
@@ -63,8 +65,6 @@ class LocalRollouts:
         num_envs: int,
         asynchronous: bool = False,
     ) -> None:
-        import embodied.sims as sims
-
         self.policy = policy
         self.vec = sims.make_vec_env(
             task, num_envs, asynchronous=asynchronous, autoreset_mode="disabled", **env_kwargs
@@ -86,10 +86,6 @@ class RolloutWorker:
     """A Ray actor's state: its own vector env and policy copy (built inside the worker)."""
 
     def __init__(self, task: str, env_kwargs: dict[str, Any], policy: Any, num_envs: int) -> None:
-        import torch
-
-        import embodied.sims as sims
-
         torch.set_num_threads(1)  # one core per worker: the workers share the machine
         self.policy = policy.eval()
         self.vec = sims.make_vec_env(task, num_envs, autoreset_mode="disabled", **env_kwargs)

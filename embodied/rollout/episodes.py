@@ -7,8 +7,12 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 
+from embodied.core.features import ObservationSpec, env_observation_features
+from embodied.core.policy import Policy
 from embodied.core.trajectory import Trajectory, TrajectoryBuilder
+from embodied.sims.registry import add_action_noise
 
 ActFn = Callable[[dict[str, Any]], np.ndarray]
 # What a trajectory records as its actions: what the env executed, or the expert's clean labels.
@@ -197,7 +201,8 @@ def rollout_vector(
 class PolicyActor:
     """Drives a vector env with a ``Policy``: keeps each sub-env's last ``n_obs_steps``
     observations (repeating the first at an episode start) and plays each sampled action chunk
-    for ``n_action_steps`` steps before asking the policy again, as Diffusion Policy does.
+    for ``n_action_steps`` steps before asking the policy again, as Diffusion Policy does. The
+    policy is fed only the features its ``observation_spec`` names.
 
     Stochastic sampling draws each sub-env's noise from its own generator, seeded by ``seed``
     and the episode id ``rollout_vector`` gives, so an episode samples the same whatever else
@@ -209,16 +214,15 @@ class PolicyActor:
 
     def __init__(
         self,
-        policy: Any,
+        policy: Policy,
         num_envs: int,
-        n_obs_steps: int = 1,
         deterministic: bool = True,
         seed: int = 0,
         record: bool = False,
     ) -> None:
-        import torch
-
-        self.policy, self.num_envs, self.n_obs_steps = policy, num_envs, n_obs_steps
+        spec = policy.observation_spec
+        self.policy, self.num_envs, self.n_obs_steps = policy, num_envs, spec.n_obs_steps
+        self.keys = spec.keys()
         self.deterministic, self.record = deterministic, record
         self.outputs: list[dict[str, np.ndarray] | None] | None = None
         self.seed = seed
@@ -235,8 +239,6 @@ class PolicyActor:
     ) -> None:
         """Sub-envs ``envs`` start new episodes on ``instructions``: forget their history and
         queued actions; reseed their noise from ``(seed, episode id)``."""
-        import torch
-
         for k, (i, instruction) in enumerate(zip(envs, instructions, strict=True)):
             self.history[i], self.queue[i] = [], []
             self.instructions[i] = instruction
@@ -247,12 +249,8 @@ class PolicyActor:
 
     def __call__(self, obs: dict[str, Any]) -> np.ndarray:
         """Actions ``[num_envs, A]`` for the batched observation."""
-        import torch
-
-        from embodied.core.types import env_observation_features
-
         for i in range(self.num_envs):
-            frame = env_observation_features(_take(obs, i))
+            frame = read_features(env_observation_features(_take(obs, i)), self.keys)
             history = self.history[i]
             history.append(frame)
             while len(history) < self.n_obs_steps:
@@ -264,7 +262,7 @@ class PolicyActor:
                 key: torch.from_numpy(
                     np.stack([np.stack([h[key] for h in self.history[i]]) for i in need])
                 )
-                for key in self.history[need[0]][0]
+                for key in self.keys
             }
             with torch.no_grad():
                 out = self.policy.act(
@@ -305,8 +303,6 @@ class ExpertActor:
 
     def __call__(self, obs: Any) -> np.ndarray:
         """Noisy expert actions ``[num_envs, A]``."""
-        from embodied.sims.registry import add_action_noise
-
         clean = np.stack(self.vec.call("scripted_action")).astype(np.float32)
         if self.record == "expert":
             self.labels = clean
@@ -327,14 +323,23 @@ class RandomActor:
         return self.rng.uniform(self.low, self.high, size=shape).astype(np.float32)
 
 
-def decision_windows(traj: Trajectory, n_obs_steps: int) -> dict[str, np.ndarray]:
-    """The observation windows ``{feature: [K, n_obs_steps, ...]}`` each recorded decision saw:
-    observations ``s - n + 1 .. s`` for a decision at step ``s``, the first repeated before the
-    episode's start (as ``PolicyActor`` keeps them)."""
-    from embodied.core.types import env_observation_features
+def read_features(features: dict[str, np.ndarray], keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """The features a policy reads, out of everything an env observation holds; a missing one is
+    an error naming what the env gave."""
+    missing = [k for k in keys if k not in features]
+    if missing:
+        raise ValueError(f"the observation lacks {missing} that the policy reads; it has "
+                         f"{sorted(features)}")  # fmt: skip
+    return {k: features[k] for k in keys}
 
+
+def decision_windows(traj: Trajectory, spec: ObservationSpec) -> dict[str, np.ndarray]:
+    """The observation windows ``{feature: [K, n_obs_steps, ...]}`` each recorded decision saw
+    (the features ``spec`` reads): observations ``s - n + 1 .. s`` for a decision at step ``s``,
+    the first repeated before the episode's start (as ``PolicyActor`` keeps them)."""
+    n_obs_steps = spec.n_obs_steps
     steps = np.asarray(traj.decision_steps, dtype=np.int64)
     offsets = np.arange(n_obs_steps) - (n_obs_steps - 1)
     index = np.clip(steps[:, None] + offsets[None, :], 0, None)  # [K, n]
-    features = env_observation_features(traj.observations)
+    features = read_features(env_observation_features(traj.observations), spec.keys())
     return {key: value[index] for key, value in features.items()}

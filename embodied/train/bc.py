@@ -57,8 +57,8 @@ class BCConfig:
 def build_policy(cfg: BCConfig, dataset: Any) -> Any:
     """The policy named by ``cfg.policy``, shaped by the dataset, normalised by its statistics."""
     import embodied.policies  # noqa: F401  (registers the policy types)
+    from embodied.core.policy import POLICIES
     from embodied.datasets.training import normalization_stats
-    from embodied.policies.base import POLICIES
 
     if cfg.policy not in POLICIES:
         raise ValueError(f"unknown policy {cfg.policy!r}; available: {', '.join(POLICIES)}")
@@ -81,7 +81,8 @@ def train_bc(cfg: BCConfig) -> RunDir:
     """Train, evaluate, checkpoint; return the run directory (final policy in ``policy/``)."""
     from embodied.datasets import LeRobotDataset
     from embodied.datasets.training import BCDataset
-    from embodied.evaluation.suite import env_kwargs_for_features, evaluate_policy
+    from embodied.evaluation.suite import evaluate_policy
+    from embodied.rollout.matching import env_options
 
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
@@ -89,11 +90,11 @@ def train_bc(cfg: BCConfig) -> RunDir:
     task = cfg.eval_task or dataset.episodes_table()[0]["task_name"]
 
     policy = build_policy(cfg, dataset).to(device)
-    keys = policy.input_keys()
-    windows = BCDataset(dataset, n_obs_steps=cfg.n_obs_steps, horizon=cfg.horizon, keys=keys)
+    windows = BCDataset(
+        dataset, n_obs_steps=cfg.n_obs_steps, horizon=cfg.horizon, keys=policy.training_keys()
+    )
     # Evaluation envs render only what the policy reads (no camera for a state-only policy).
-    used = {k: f for k, f in dataset.features.items() if keys is None or k in keys}
-    env_kwargs = env_kwargs_for_features(used)
+    env_kwargs = env_options(policy.observation_spec)
     optimizer, scheduler = make_optimizer(policy.parameters(), cfg.optim, cfg.steps)
     run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=cfg)
     start = 0
@@ -132,7 +133,6 @@ def train_bc(cfg: BCConfig) -> RunDir:
                         cfg.eval_episodes,
                         cfg.eval_seed,
                         env_kwargs,
-                        n_obs_steps=cfg.n_obs_steps,
                         workers=cfg.eval_workers,
                     )
                 metrics.log(result.metrics(), done)

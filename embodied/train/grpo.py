@@ -324,7 +324,6 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
 
         reward_model = ProgressRewardModel.from_pretrained(cfg.reward_model).to(device).eval()
     kwargs = env_kwargs(policy, reward_model)
-    n_obs = int(getattr(policy.config, "n_obs_steps", 1))
     # The schedule advances once per iteration (warm-up and cosine over iterations).
     optimizer, scheduler = make_optimizer(policy.parameters(), cfg.optim, cfg.iterations)
     run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=cfg)
@@ -430,7 +429,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 # 4. group-normalised advantages, broadcast to every decision and element
                 returns = np.concatenate(kept_returns)
                 advantages = group_advantages(returns, cfg.group_size, cfg.adv_eps)
-                data = collect_decisions(kept, advantages, n_obs)
+                data = collect_decisions(kept, advantages, policy.observation_spec)
                 log["score/return_mean"] = float(returns.mean())
                 log["score/return_std"] = float(returns.std())
                 log["score/advantage_abs_mean"] = float(np.abs(advantages).mean())

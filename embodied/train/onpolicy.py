@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from embodied.core.features import ObservationSpec
+
 
 def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> Any:
     """The starting policy with ``policy_overrides`` applied to its config (weights unchanged)."""
@@ -34,9 +36,9 @@ def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> A
 def env_kwargs(policy: Any, reward_model: Any) -> dict[str, Any]:
     """Env options giving the policy its inputs and, for a learned reward, the front camera at
     the reward model's size."""
-    from embodied.evaluation.suite import env_kwargs_for_policy
+    from embodied.rollout.matching import env_options
 
-    kwargs = env_kwargs_for_policy(policy)
+    kwargs = env_options(policy.observation_spec)
     if reward_model is not None:
         size = reward_model.config.image_size
         if kwargs["obs_mode"] == "state":
@@ -98,7 +100,7 @@ def trajectory_totals(
     return zeros.index_add(0, trajectory.to(per_decision.device), per_decision)
 
 
-def collect_decisions(trajs: list[Any], advantages: np.ndarray, n_obs_steps: int) -> Decisions:
+def collect_decisions(trajs: list[Any], advantages: np.ndarray, spec: ObservationSpec) -> Decisions:
     """Flatten the trajectories' decisions, each with its trajectory's advantage."""
     from embodied.rollout.episodes import decision_windows
 
@@ -108,7 +110,7 @@ def collect_decisions(trajs: list[Any], advantages: np.ndarray, n_obs_steps: int
     adv: list[float] = []
     owner: list[int] = []
     for index, (traj, a) in enumerate(zip(trajs, advantages, strict=True)):
-        for key, value in decision_windows(traj, n_obs_steps).items():
+        for key, value in decision_windows(traj, spec).items():
             obs.setdefault(key, []).append(value)
         for key, value in traj.policy_outputs.items():
             outputs.setdefault(key, []).append(np.asarray(value))
@@ -191,12 +193,11 @@ class Iterations:
         from embodied.evaluation.suite import evaluate_policy
 
         cfg = self.cfg
-        n_obs = int(getattr(self.policy.config, "n_obs_steps", 1))
         out: dict[str, float] = {}
         modes = [True, False] if getattr(cfg, "eval_sampled", False) else [True]
         for deterministic in modes:
             result = evaluate_policy(
-                self.policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, self.env_kwargs, n_obs,
+                self.policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, self.env_kwargs,
                 cfg.eval_envs, asynchronous=False, deterministic=deterministic,
             )  # fmt: skip
             out |= result.metrics("eval" if deterministic else "eval_sampled")

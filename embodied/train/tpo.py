@@ -143,7 +143,7 @@ def decisions_of(data: Any, trajectories: list[int]) -> Any:
 def train_tpo(cfg: TPOConfig) -> RunDir:
     """Run TPO; return the run directory (final policy in ``policy/``)."""
     import embodied.sims as sims
-    from embodied.evaluation.suite import collisions_per_episode
+    from embodied.evaluation.results import collisions_per_episode
     from embodied.rewards.costs import OBJECTIVES, TrajectoryCost, preference_pairs
 
     if cfg.objective not in OBJECTIVES:
@@ -159,7 +159,6 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
     policy = load_policy(cfg.policy, cfg.policy_overrides, device).eval()
     initial = copy.deepcopy(policy).requires_grad_(False) if cfg.reference == "initial" else None
     kwargs = env_kwargs(policy, None)
-    n_obs = int(getattr(policy.config, "n_obs_steps", 1))
     num_envs = cfg.num_envs or cfg.groups * cfg.group_size
     probe = sims.make(cfg.task, obs_mode="state")
     limit = probe.spec.max_episode_steps if probe.spec is not None else None
@@ -198,7 +197,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                     log["rollout/collisions"] = collisions
                 t1 = time.perf_counter()
                 if pairs:
-                    data = collect_decisions(trajs, np.zeros(len(trajs)), n_obs)
+                    data = collect_decisions(trajs, np.zeros(len(trajs)), policy.observation_spec)
                     # reference log pi(tau): the sampling log-probs, or the initial policy's
                     norm = cfg.length_normalize
                     if initial is None:

@@ -1,0 +1,119 @@
+"""Results of evaluation rollouts: success rates with Wilson intervals, lengths, collisions and
+final (privileged) progress per task, and the ``results.json`` they are written to."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embodied.core.io import atomic_write_text
+
+
+def wilson_interval(successes: int, episodes: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a success rate (scipy's ``binomtest``); (0, 1) with no episodes."""
+    if episodes == 0:
+        return 0.0, 1.0
+    from scipy.stats import binomtest
+
+    ci = binomtest(int(successes), int(episodes)).proportion_ci(confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def episode_success(traj: Any) -> bool:
+    """Whether the success flag was raised at any step (Meta-World's convention; tabletop
+    episodes end there, so it equals the final flag)."""
+    flags = traj.info.get("success") if isinstance(traj.info, dict) else None
+    if flags is not None and len(flags):
+        return bool(np.any(flags))
+    return bool(traj.success)
+
+
+@dataclass
+class EvalResult:
+    """Outcome of ``episodes`` rollouts of one task."""
+
+    task: str
+    episodes: int
+    successes: int
+    success_rate: float
+    ci_low: float
+    ci_high: float
+    mean_length: float
+    collisions_per_episode: float | None = None  # None: the env does not report collisions
+    final_progress: float | None = None  # mean privileged progress at the end; None: no labels
+    instructions: list[str] = field(default_factory=list)
+    videos: list[str] = field(default_factory=list)
+    # Per-episode privileged progress curves and outcomes, for the report's plots.
+    progress_curves: list[list[float]] = field(default_factory=list, repr=False)
+    episode_successes: list[bool] = field(default_factory=list, repr=False)
+
+    def metrics(self, prefix: str = "eval") -> dict[str, float]:
+        """Flat metrics for the logger."""
+        out = {
+            f"{prefix}/{self.task}/success_rate": self.success_rate,
+            f"{prefix}/{self.task}/success_ci_low": self.ci_low,
+            f"{prefix}/{self.task}/success_ci_high": self.ci_high,
+            f"{prefix}/{self.task}/mean_length": self.mean_length,
+        }
+        if self.collisions_per_episode is not None:
+            out[f"{prefix}/{self.task}/collisions"] = self.collisions_per_episode
+        if self.final_progress is not None:
+            out[f"{prefix}/{self.task}/final_progress"] = self.final_progress
+        return out
+
+
+def collisions_per_episode(trajectories: Sequence[Any]) -> float | None:
+    """Mean collision steps per episode; None when some episode's env recorded no collisions
+    (Meta-World), rather than a made-up 0."""
+    if not all("collisions" in t.info for t in trajectories):
+        return None
+    return float(np.mean([np.sum(t.info["collisions"]) for t in trajectories]))
+
+
+def summarize(task: str, trajectories: Sequence[Any]) -> EvalResult:
+    """Aggregate one task's trajectories (their privileged ``info``) into an ``EvalResult``."""
+    if not trajectories:
+        raise ValueError(f"no episodes to summarise for {task}")
+    outcomes = [episode_success(t) for t in trajectories]
+    wins = int(sum(outcomes))
+    low, high = wilson_interval(wins, len(outcomes))
+    curves = (
+        [np.asarray(t.info["progress"], dtype=float).tolist() for t in trajectories]
+        if all("progress" in t.info for t in trajectories)
+        else []
+    )
+    return EvalResult(
+        task=task,
+        episodes=len(outcomes),
+        successes=wins,
+        success_rate=wins / len(outcomes),
+        ci_low=low,
+        ci_high=high,
+        mean_length=float(np.mean([t.length for t in trajectories])),
+        collisions_per_episode=collisions_per_episode(trajectories),
+        final_progress=float(np.mean([c[-1] for c in curves if c])) if curves else None,
+        instructions=[t.instruction for t in trajectories],
+        progress_curves=curves,
+        episode_successes=outcomes,
+    )
+
+
+def results_json(cfg: Any, results: Sequence[EvalResult], **extra: Any) -> str:
+    """``results.json``: the config, each task's result and the suite average."""
+    payload = {
+        "config": asdict(cfg) if hasattr(cfg, "__dataclass_fields__") else cfg,
+        "suite_success_rate": float(np.mean([r.success_rate for r in results])),
+        "results": [asdict(r) for r in results],
+        **extra,
+    }
+    return json.dumps(payload, indent=2) + "\n"
+
+
+def write_results_json(path: Path, cfg: Any, results: Sequence[EvalResult], **extra: Any) -> None:
+    """Write ``results_json`` atomically."""
+    atomic_write_text(path, results_json(cfg, results, **extra))
