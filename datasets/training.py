@@ -1,4 +1,4 @@
-"""PyTorch datasets over a LeRobot v3 dataset: behaviour cloning, reward models, preferences.
+"""PyTorch datasets over a LeRobot v3 dataset: behaviour cloning and progress reward models.
 
 Each wraps a ``LeRobotDataset`` and decodes an episode once (then caches it), so an epoch over
 windows of the same episode does not decode its video again.
@@ -14,7 +14,6 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from embodied.core.trajectory import Trajectory, TrajectoryBatch
 from embodied.datasets.lerobot import LeRobotDataset
 
 
@@ -154,59 +153,6 @@ class RewardDataset(Dataset):
             "instruction": self.cache.instruction(frames),
             "episode_index": episode,
         }
-
-
-class PreferenceDataset(Dataset):
-    """Pairs of episodes from the same initial state (seed) and instruction, preferred first.
-
-    An episode is preferred when it succeeded and the other did not; between two equal outcomes,
-    the one with higher final progress (``score_key``, default the privileged progress), then the
-    shorter one. Pairs with identical scores carry no preference and are left out.
-    """
-
-    def __init__(self, dataset: LeRobotDataset, score_key: str = "progress.privileged") -> None:
-        self.dataset = dataset
-        table = dataset.episodes_table()
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for row in table:
-            if row["seed"] < 0:
-                continue  # no initial state to share
-            key = (row["seed"], tuple(row["tasks"]), row["task_name"])
-            groups.setdefault(key, []).append(int(row["episode_index"]))
-        if score_key not in dataset.features:
-            raise ValueError(
-                f"dataset has no {score_key!r} feature to rank episodes by; "
-                f"features: {', '.join(dataset.features)}"
-            )
-        scores = {}
-        for members in groups.values():
-            if len(members) < 2:
-                continue  # nothing to compare with
-            for e in members:
-                final = float(dataset.episode_frames(e, keys=[score_key])[score_key][-1])
-                row = table[e]
-                scores[e] = (bool(row["success"]), final, -int(row["length"]))
-        self.pairs: list[tuple[int, int]] = []
-        for members in groups.values():
-            for a in members:
-                for b in members:
-                    if a < b and scores[a] != scores[b]:
-                        self.pairs.append((a, b) if scores[a] > scores[b] else (b, a))
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-    def __getitem__(self, i: int) -> dict[str, Trajectory]:
-        chosen, rejected = self.pairs[i]
-        return {"chosen": self.dataset.episode(chosen), "rejected": self.dataset.episode(rejected)}
-
-
-def collate_preferences(items: list[dict[str, Trajectory]]) -> dict[str, TrajectoryBatch]:
-    """DataLoader collate for ``PreferenceDataset``: padded batches of chosen and rejected."""
-    return {
-        side: TrajectoryBatch.from_trajectories([item[side] for item in items])
-        for side in ("chosen", "rejected")
-    }
 
 
 def normalization_stats(

@@ -1,4 +1,4 @@
-"""Rewards: progress-reward models, labels, success detectors, costs, metrics (core only).
+"""Rewards: progress reward models behind one interface, labels, returns and rankings, metrics.
 
 The torch model (``ProgressRewardModel``) is imported on first use, so labelling and metrics do
 not pay for importing torch.
@@ -23,17 +23,15 @@ from embodied.rewards.metrics import (
     value_order_correlation,
     voc_summary,
 )
-from embodied.rewards.shaping import (
-    RewardShaper,
-    ShapedRewards,
-    chunk_rewards,
-    collision_costs,
-    corrected_success,
-    discounted_returns,
-    potential_rewards,
-    step_costs,
-    success_bonus,
+from embodied.rewards.models import (
+    REWARD_TYPES,
+    JudgeProgress,
+    LearnedProgress,
+    PrivilegedProgress,
+    SuccessOnly,
+    make_reward_model,
 )
+from embodied.rewards.returns import OBJECTIVES, TrajectoryScore, preference_pairs
 from embodied.rewards.vlm_judge import (
     JudgeRequest,
     JudgeResult,
@@ -46,36 +44,36 @@ from embodied.rewards.vlm_judge import (
 )
 
 __all__ = [
-    "RewardShaper",
-    "ShapedRewards",
-    "chunk_rewards",
-    "collision_costs",
-    "corrected_success",
-    "discounted_returns",
-    "potential_rewards",
-    "step_costs",
-    "success_bonus",
+    "JudgeProgress",
     "JudgeRequest",
     "JudgeResult",
-    "VLMJudge",
-    "build_prompt",
-    "judged_voc",
-    "make_permutation",
-    "parse_completion",
-    "unshuffle",
+    "LearnedProgress",
+    "OBJECTIVES",
+    "PrivilegedProgress",
     "ProgressConfig",
     "ProgressRewardModel",
+    "REWARD_TYPES",
+    "SuccessOnly",
+    "TrajectoryScore",
+    "VLMJudge",
     "augment_frames",
+    "build_prompt",
     "calibration_error",
+    "judged_voc",
     "label_trajectories",
+    "make_permutation",
+    "make_reward_model",
     "median_stage_change",
     "observation_stages",
+    "parse_completion",
+    "preference_pairs",
     "procedure_labels",
     "rewind",
     "stage_budgets",
     "success_auroc",
     "time_labels",
     "trajectory_frames",
+    "unshuffle",
     "value_order_correlation",
     "visual_change",
     "voc_summary",

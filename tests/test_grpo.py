@@ -298,11 +298,33 @@ def test_grpo_updates_logs_and_resumes_exactly(saved, tmp_path: Path, agg: str) 
         torch.testing.assert_close(again[key], final[key], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("reward", ["learned", "judge", "privileged", "success"])
+def test_grpo_trains_with_every_reward_model(saved, judge_dir, tmp_path: Path, reward) -> None:
+    """The four reward implementations through the one interface: each scores the rollouts, the
+    returns follow, the policy is updated; the reward-hacking monitor runs for the two models."""
+    model = {"learned": str(saved["reward"]), "judge": str(judge_dir)}.get(reward, "")
+    cfg = _cfg(saved, tmp_path, reward=reward, reward_model=model, iterations=1, eval_episodes=0)
+    run = train_grpo(cfg)
+    rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    (row,) = [r for r in rows if "rollout/success_rate" in r]
+    assert ("monitor/reward_corr" in row) == (reward in ("learned", "judge"))
+    start, final = _weights(saved["policy"]), _weights(run.path / "policy")
+    if reward == "success" and row["rollout/success_rate"] == 0.0:
+        # every rollout failed: success alone tells them apart nowhere, so no update
+        assert row["update/skipped"] == 1.0
+        assert all(torch.equal(start[k], final[k]) for k in start)
+    else:
+        assert row["score/return_std"] > 0
+        assert any(not torch.equal(start[k], final[k]) for k in start)
+
+
 def test_grpo_refuses_bad_settings(saved, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="loss_agg must be one of"):
         train_grpo(_cfg(saved, tmp_path, loss_agg="sum"))
     with pytest.raises(ValueError, match="reward=learned needs reward_model"):
         train_grpo(_cfg(saved, tmp_path, reward_model=""))
+    with pytest.raises(ValueError, match="reward must be one of"):
+        train_grpo(_cfg(saved, tmp_path, reward="vibes"))
     with pytest.raises(ValueError, match="group_size must be >= 2"):
         train_grpo(_cfg(saved, tmp_path, group_size=1))
     with pytest.raises(ValueError, match=r"policy_overrides names \['temperature'\]"):

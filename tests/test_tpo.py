@@ -1,4 +1,4 @@
-"""TPO: trajectory costs and pairs, the trajectory DPO loss by hand, and the training loop."""
+"""TPO: the trajectory DPO loss by hand, and the training loop."""
 
 from __future__ import annotations
 
@@ -11,74 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.core.trajectory import TrajectoryBuilder
 from embodied.policies import make_policy
-from embodied.rewards.costs import OBJECTIVES, TrajectoryCost, cost_terms, preference_pairs
 from embodied.train.tpo import TPOConfig, per_trajectory, tpo_loss, train_tpo
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-def _traj(success: bool, stages, ee, obj, goal, collisions, progress_end: float):
-    builder = TrajectoryBuilder({"agent_pos": np.zeros(4, np.float32)})
-    for t, stage in enumerate(stages):
-        info = {
-            "success": success and t == len(stages) - 1,
-            "stage": stage,
-            "progress": progress_end if t == len(stages) - 1 else 0.0,
-            "collisions": collisions[t],
-            "ee_pos": np.array(ee[t], np.float32),
-            "object_pos": np.array(obj[t], np.float32),
-            "goal_pos": np.array(goal, np.float32),
-        }
-        builder.add_step(np.zeros(4, np.float32), {"agent_pos": np.zeros(4, np.float32)}, 0.0,
-                         False, False, info)  # fmt: skip
-    return builder.build()
-
-
-def test_cost_terms_by_hand() -> None:
-    traj = _traj(
-        False, stages=[0, 1], ee=[[0, 0, 0], [0.3, 0, 0]], obj=[[0.3, 0.4, 0], [0.3, 0, 0]],
-        goal=[0.3, 0.1, 0], collisions=[1, 0], progress_end=0.4,
-    )  # fmt: skip
-    terms = cost_terms(traj, limit=8)
-    assert terms["failure"] == 1.0 and terms["progress"] == pytest.approx(0.6)
-    assert terms["collisions"] == 1.0 and terms["steps"] == pytest.approx(2 / 8)
-    # |ee - goal| = |(0, 0, 0) - (0.3, 0.1, 0)| then |(0.3, 0, 0) - (0.3, 0.1, 0)|
-    assert terms["keypoints"] == pytest.approx((math.sqrt(0.1) + 0.1) / 2, abs=1e-6)
-    cost = TrajectoryCost.objective("safety", limit=8)
-    want = sum(w * terms[k] for k, w in OBJECTIVES["safety"].items())
-    assert cost(traj) == pytest.approx(want)
-    with pytest.raises(ValueError, match="unknown cost terms \\['speed'\\]"):
-        TrajectoryCost({"speed": 1.0})
-    with pytest.raises(ValueError, match="unknown objective 'fast'"):
-        TrajectoryCost.objective("fast")
-
-
-def test_cost_refuses_a_weighted_term_the_info_lacks() -> None:
-    """A safety ranking on an env that records no collisions (Meta-World) must not score every
-    rollout as collision-free; the success objective, which does not weigh them, still works."""
-    traj = _traj(
-        True, stages=[0, 1], ee=[[0, 0, 0], [0.3, 0, 0]], obj=[[0.3, 0, 0]] * 2,
-        goal=[0.3, 0.1, 0], collisions=[0, 0], progress_end=1.0,
-    )  # fmt: skip
-    del traj.info["collisions"]
-    assert "collisions" not in cost_terms(traj)
-    with pytest.raises(ValueError, match=r"cost terms \['collisions'\].*info keys"):
-        TrajectoryCost.objective("safety")(traj)
-    keypoints = (math.sqrt(0.1) + 0.1) / 2  # success, progress 1: the keypoint term alone
-    assert TrajectoryCost.objective("success")(traj) == pytest.approx(keypoints, abs=1e-6)
-    del traj.info["progress"]
-    with pytest.raises(ValueError, match=r"cost terms \['progress'\]"):
-        TrajectoryCost.objective("success")(traj)
-
-
-def test_preference_pairs_within_groups() -> None:
-    costs = [0.5, 0.1, 0.9, 0.3, 1.0, 1.0, 1.0, 1.0]
-    assert preference_pairs(costs, 4) == [(1, 2)]  # the tied group gives no pair
-    assert preference_pairs(costs, 4, mode="all", margin=0.3) == [(0, 2), (1, 0), (1, 2), (3, 2)]
-    with pytest.raises(ValueError, match="groups of 3"):
-        preference_pairs(costs, 3)
 
 
 def test_tpo_loss_by_hand() -> None:
@@ -214,7 +150,7 @@ def test_tpo_resumes_exactly(tmp_path: Path, backend: str) -> None:
     rows = [json.loads(x) for x in (part / "metrics.jsonl").read_text().splitlines()]
     full = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["rollout/success_rate"] == full[-1]["rollout/success_rate"]
-    assert rows[-1]["rank/cost_mean"] == full[-1]["rank/cost_mean"]
+    assert rows[-1]["rank/score_mean"] == full[-1]["rank/score_mean"]
 
 
 def test_shipped_config_loads_with_the_command_line_overrides() -> None:

@@ -11,9 +11,7 @@ from embodied.apps.label import run_label
 from embodied.datasets import LeRobotDataset
 from embodied.datasets.training import (
     BCDataset,
-    PreferenceDataset,
     RewardDataset,
-    collate_preferences,
     normalization_stats,
 )
 
@@ -83,18 +81,6 @@ def test_reward_clips_carry_labels_and_success(dataset: LeRobotDataset) -> None:
     assert final["frame_index"][-1] == dataset.episode_lengths()[0]
     with pytest.raises(ValueError, match="no 'progress.nothing' feature"):
         RewardDataset(dataset, label_key="progress.nothing")
-
-
-def test_preferences_put_the_successful_episode_first(dataset: LeRobotDataset) -> None:
-    prefs = PreferenceDataset(dataset)
-    assert len(prefs) == 3  # each expert success against its own rewound copy (same seed)
-    for i in range(len(prefs)):
-        pair = prefs[i]
-        assert pair["chosen"].success and not pair["rejected"].success
-        assert pair["chosen"].seed == pair["rejected"].seed
-        assert pair["chosen"].instruction == pair["rejected"].instruction
-    batch = collate_preferences([prefs[0], prefs[1]])
-    assert batch["chosen"].success.all() and not batch["rejected"].success.any()
 
 
 def test_normalization_stats_come_from_the_dataset(dataset: LeRobotDataset) -> None:

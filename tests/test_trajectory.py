@@ -1,22 +1,14 @@
-"""Tests for embodied.core.trajectory: builder, validation, slicing, serialisation and batching."""
+"""Tests for embodied.core.trajectory: builder, validation, slicing and serialisation."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import io
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from embodied.core.trajectory import (
-    Trajectory,
-    TrajectoryBatch,
-    TrajectoryBuilder,
-    concatenate,
-    trajectories_equal,
-)
+from embodied.core.trajectory import Trajectory, TrajectoryBuilder, trajectories_equal
 
 
 def make_trajectory(
@@ -235,30 +227,6 @@ def test_slice_restricts_and_shifts_decisions() -> None:
         trajectory.slice(5, 13)
 
 
-def test_concat_of_slices_is_exact_round_trip() -> None:
-    trajectory = make_trajectory(steps=12, every=3)
-    bounds = [0, 4, 4, 7, 12]  # includes an empty segment
-    segments = [trajectory.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    joined = Trajectory.concat(segments)
-    assert trajectories_equal(joined, trajectory)
-    assert trajectories_equal(concatenate(segments), trajectory)
-    assert joined.policy_outputs["tokens"].shape == trajectory.policy_outputs["tokens"].shape
-
-
-def test_concat_of_non_contiguous_segments_raises() -> None:
-    trajectory = make_trajectory(steps=12)
-    with pytest.raises(ValueError, match="segment 1 does not continue segment 0"):
-        Trajectory.concat([trajectory.slice(0, 4), trajectory.slice(5, 12)])
-    other = dataclasses.replace(trajectory.slice(4, 12), instruction="something else")
-    with pytest.raises(ValueError, match="instruction"):
-        Trajectory.concat([trajectory.slice(0, 4), other])
-
-
-# ---------------------------------------------------------------------------------------------
-# to_dict / from_dict / equality
-# ---------------------------------------------------------------------------------------------
-
-
 def test_to_dict_from_dict_exact_round_trip_including_npz() -> None:
     trajectory = make_trajectory()
     flat = trajectory.to_dict()
@@ -300,115 +268,3 @@ def test_trajectories_equal_detects_any_difference() -> None:
     assert not trajectories_equal(a, b)
     assert not trajectories_equal(a, dataclasses.replace(a, actions=a.actions.astype(np.float64)))
     assert not trajectories_equal(a, dataclasses.replace(a, seed=99))
-
-
-# ---------------------------------------------------------------------------------------------
-# TrajectoryBatch
-# ---------------------------------------------------------------------------------------------
-
-
-def _batch_inputs() -> list[Trajectory]:
-    return [
-        make_trajectory(seed=0, steps=5, every=2),  # K = 3
-        make_trajectory(seed=1, steps=8, every=2, success=False),  # K = 4
-        make_trajectory(seed=2, steps=3, every=3),  # K = 1
-    ]
-
-
-def test_batch_padding_and_masks() -> None:
-    trajectories = _batch_inputs()
-    batch = TrajectoryBatch.from_trajectories(trajectories)
-    assert (batch.batch_size, batch.max_length, batch.max_decisions) == (3, 8, 4)
-    assert batch.observations["pixels"]["front"].shape == (3, 9, 6, 6, 3)
-    assert batch.actions.shape == (3, 8, 4) and batch.info["ee_pos"].shape == (3, 8, 3)
-    assert batch.policy_outputs["log_prob"].shape == (3, 4)
-    assert batch.lengths.tolist() == [5, 8, 3] and batch.lengths.dtype == np.int64
-    assert batch.mask[0].tolist() == [True] * 5 + [False] * 3
-    assert batch.obs_mask[2].tolist() == [True] * 4 + [False] * 5
-    assert batch.mask[1].all() and batch.obs_mask[1].all()
-
-    short = trajectories[2]  # T = 3: padded from step 3 on
-    np.testing.assert_array_equal(batch.actions[2, 2], short.actions[2])  # valid position
-    np.testing.assert_array_equal(batch.actions[2, 3], np.zeros(4, np.float32))  # padded
-    assert batch.rewards[2, 5] == 0 and not batch.terminated[2, 5]
-    assert batch.info["stage"][2, 7] == 0
-    # Padded observations repeat the last valid observation.
-    last_front = short.observations["pixels"]["front"][3]
-    np.testing.assert_array_equal(batch.observations["pixels"]["front"][2, 8], last_front)
-    np.testing.assert_array_equal(
-        batch.observations["agent_pos"][2, 1], short.observations["agent_pos"][1]
-    )
-
-    assert batch.decision_steps[2].tolist() == [0, -1, -1, -1]
-    assert batch.decision_mask[0].tolist() == [True, True, True, False]
-    assert batch.decision_steps[1].tolist() == [0, 2, 4, 6]
-    assert batch.policy_outputs["log_prob"][0, 3] == 0
-    assert batch.success.tolist() == [True, False, True]
-    assert batch.instructions == [t.instruction for t in trajectories]
-    assert batch.seeds == [0, 1, 2] and batch.tasks == ["pick_place"] * 3
-
-
-def test_batch_pad_to() -> None:
-    batch = TrajectoryBatch.from_trajectories(_batch_inputs(), pad_to=10)
-    assert batch.actions.shape == (3, 10, 4) and batch.obs_mask.shape == (3, 11)
-    assert batch.mask.sum(axis=1).tolist() == [5, 8, 3]
-    with pytest.raises(ValueError, match="pad_to = 6"):
-        TrajectoryBatch.from_trajectories(_batch_inputs(), pad_to=6)
-
-
-def test_unbatch_is_exact_inverse() -> None:
-    trajectories = _batch_inputs()
-    restored = TrajectoryBatch.from_trajectories(trajectories, pad_to=11).unbatch()
-    assert len(restored) == 3
-    for original, back in zip(trajectories, restored, strict=True):
-        assert trajectories_equal(back, original)
-
-
-def test_batch_mixed_action_dim_raises_naming_index() -> None:
-    trajectories = [make_trajectory(0, action_dim=4), make_trajectory(1, action_dim=4)]
-    trajectories.append(make_trajectory(2, action_dim=7))
-    with pytest.raises(ValueError, match="trajectory 2 has action_dim 7 but trajectory 0"):
-        TrajectoryBatch.from_trajectories(trajectories)
-
-
-def test_batch_missing_key_or_invalid_trajectory_raises_naming_index() -> None:
-    first, second = make_trajectory(0), make_trajectory(1)
-    pixels = {"front": second.observations["pixels"]["front"]}
-    second = dataclasses.replace(second, observations={**second.observations, "pixels": pixels})
-    with pytest.raises(
-        ValueError, match=r"trajectory 1 is missing observations\['pixels'\]\['wrist'\]"
-    ):
-        TrajectoryBatch.from_trajectories([first, second])
-    broken = dataclasses.replace(first, rewards=first.rewards[:-1])
-    with pytest.raises(ValueError, match="trajectory 1: Trajectory.rewards"):
-        TrajectoryBatch.from_trajectories([first, broken])
-    with pytest.raises(ValueError, match="at least one"):
-        TrajectoryBatch.from_trajectories([])
-
-
-def test_to_torch_dtypes_and_structure() -> None:
-    torch = pytest.importorskip("torch")
-    batch = TrajectoryBatch.from_trajectories(_batch_inputs())
-    tensors = batch.to_torch("cpu")
-    assert tensors["actions"].dtype == torch.float32
-    assert tensors["actions"].shape == (3, 8, 4)
-    assert tensors["observations"]["pixels"]["front"].dtype == torch.uint8
-    assert tensors["observations"]["agent_pos"].dtype == torch.float32
-    assert tensors["mask"].dtype == torch.bool and tensors["obs_mask"].dtype == torch.bool
-    assert tensors["decision_steps"].dtype == torch.int64
-    assert tensors["decision_mask"].dtype == torch.bool
-    assert tensors["lengths"].dtype == torch.int64 and tensors["success"].dtype == torch.bool
-    assert tensors["info"]["stage"].dtype == torch.int64
-    assert tensors["policy_outputs"]["tokens"].dtype == torch.int64
-    assert tensors["instructions"] == batch.instructions
-    assert torch.equal(tensors["rewards"], torch.from_numpy(batch.rewards))
-
-
-def test_module_does_not_import_torch_at_top_level() -> None:
-    import embodied.core.trajectory as module
-
-    tree = ast.parse(Path(module.__file__).read_text())
-    top_level = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
-    names = [alias.name for node in top_level for alias in node.names]
-    modules = [node.module for node in top_level if isinstance(node, ast.ImportFrom)]
-    assert "torch" not in names and "torch" not in modules

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import tiny_llava
 
 from embodied.rewards.vlm_judge import (
     JudgeResult,
@@ -94,79 +95,6 @@ def test_judged_voc_counts_missing():
     assert all_missing["n"] == 0 and np.isnan(all_missing["mean"])
 
 
-# --- a tiny random Llava ----------------------------------------------------------------------
-
-WORDS = ["frame", "task", "completion", "percentage", "robot", "scene", "the", "is", "%", ":"]
-
-
-def _tiny_llava(with_processor: bool = True, chat_template: str | None = None):
-    import torch
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import (
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        LlavaProcessor,
-        PreTrainedTokenizerFast,
-        SiglipImageProcessorPil,
-        SiglipVisionConfig,
-    )
-
-    vocab = ["<pad>", "<bos>", "<eos>", "<unk>", "<image>", *map(str, range(101)), *WORDS]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\d+|[a-z]+|[^\sa-z0-9]"), behavior="isolated")
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        bos_token="<bos>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-        extra_special_tokens={"image_token": "<image>"},
-    )
-    vision = SiglipVisionConfig(
-        image_size=16,
-        patch_size=8,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        vision_use_head=False,
-    )
-    text = LlamaConfig(
-        vocab_size=len(vocab),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    config = LlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_id=4,
-        vision_feature_layer=-1,
-        vision_feature_select_strategy="full",
-    )
-    torch.manual_seed(0)
-    model = LlavaForConditionalGeneration(config).eval()
-    if not with_processor:
-        return model, tokenizer
-    processor = LlavaProcessor(
-        image_processor=SiglipImageProcessorPil(size={"height": 16, "width": 16}),
-        tokenizer=tokenizer,
-        patch_size=8,
-        vision_feature_select_strategy="full",
-        image_token="<image>",
-        chat_template=chat_template,
-    )
-    return model, processor
-
-
 CHAT_TEMPLATE = (
     "{% for m in messages %}<bos>{{ m['role'] }} :{% for c in m['content'] %}"
     "{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}"
@@ -184,7 +112,7 @@ def _episodes(n: int, steps: int = 5, seed: int = 0):
 
 @pytest.fixture(scope="module")
 def llava():
-    return _tiny_llava()
+    return tiny_llava()
 
 
 def test_tiny_llava_judge_mechanics(llava):
@@ -221,7 +149,7 @@ def test_batched_generation_matches_loop(llava):
 
 
 def test_chat_template_and_tokenizer_mode():
-    model, processor = _tiny_llava(chat_template=CHAT_TEMPLATE)
+    model, processor = tiny_llava(chat_template=CHAT_TEMPLATE)
     judge = VLMJudge(model, processor, max_new_tokens=4)
     request = judge.prepare(*_episodes(1)[0], seed=0)
     prompt = judge.prompt_text(request)
@@ -229,7 +157,7 @@ def test_chat_template_and_tokenizer_mode():
     assert prompt.count("<image>") == len(request.frames)
     assert judge.judge(*_episodes(1)[0]).progress.shape == (5,)
 
-    model, tokenizer = _tiny_llava(with_processor=False)
+    model, tokenizer = tiny_llava(with_processor=False)
     judge = VLMJudge(model, tokenizer, max_new_tokens=4, batch_size=2)
     results = judge.judge_batch(_episodes(2), seed=0)
     assert [r.progress.shape for r in results] == [(5,), (6,)]

@@ -78,7 +78,6 @@ def _cmd_eval_reward(args: argparse.Namespace) -> int:
         list(dict.fromkeys([args.model, *args.baselines])),
         args.frames,
         args.episodes,
-        args.image_key,
     )
     print(markdown(rows))
     if args.json:
@@ -285,7 +284,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev_reward.add_argument("--frames", type=int, default=8, help="frames scored per episode")
     ev_reward.add_argument("--episodes", type=int, default=0, help="first N episodes (0: all)")
-    ev_reward.add_argument("--image-key", default="", help="camera feature (default: the first)")
     ev_reward.add_argument("--json", default="", help="also write the rows to this JSON file")
     ev_reward.set_defaults(func=_cmd_eval_reward)
 

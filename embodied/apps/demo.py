@@ -218,7 +218,7 @@ def _run_task(
     from embodied.apps.collect import run_collect
     from embodied.apps.label import run_label
     from embodied.policies import Policy
-    from embodied.rewards import ProgressRewardModel
+    from embodied.rewards import make_reward_model
     from embodied.train.bc import train_bc
     from embodied.train.grpo import train_grpo
     from embodied.train.reward import train_reward
@@ -239,22 +239,21 @@ def _run_task(
     runs["reward"] = str(train_reward(plan["reward"]).path)
     stage("bc")
     runs["bc"] = str(train_bc(plan["bc"]).path)
-    reward_model = ProgressRewardModel.from_pretrained(Path(runs["reward"]) / "model").eval()
-    frames = plan["grpo"].reward_frames
+    reward_model = make_reward_model(
+        "learned", str(Path(runs["reward"]) / "model"), plan["grpo"].reward_frames
+    )
     curves: dict[str, list[list[float]]] = {}
 
     stage("eval bc")
     policy = Policy.from_pretrained(Path(runs["bc"]) / "policy").eval()
-    bc_result, curves["BC"] = _evaluate(cfg, run.path, task, policy, reward_model, frames, "bc")
+    bc_result, curves["BC"] = _evaluate(cfg, run.path, task, policy, reward_model, "bc")
     stage("grpo")
     grpo_cfg = plan["grpo"]
     grpo_cfg.policy, grpo_cfg.reward_model = runs["bc"] + "/policy", runs["reward"] + "/model"
     runs["grpo"] = str(train_grpo(grpo_cfg).path)
     stage("eval grpo")
     policy = Policy.from_pretrained(Path(runs["grpo"]) / "policy").eval()
-    grpo_result, curves["GRPO"] = _evaluate(
-        cfg, run.path, task, policy, reward_model, frames, "grpo"
-    )
+    grpo_result, curves["GRPO"] = _evaluate(cfg, run.path, task, policy, reward_model, "grpo")
     marks.append(("end", time.perf_counter()))
     seconds = {name: end - start for (name, start), (_, end) in itertools.pairwise(marks)}
     return TaskOutcome(task, bc_result, grpo_result, runs, seconds, curves)
@@ -266,14 +265,12 @@ def _evaluate(
     task: str,
     policy: Any,
     reward_model: Any,
-    frames: int,
     prefix: str,
 ) -> tuple[Any, list[list[float]]]:
     """Greedy evaluation on the held-out seeds, with videos; the reward model's progress of every
     episode comes back beside the privileged result."""
     from embodied.evaluation.suite import evaluate_task, policy_check
     from embodied.rollout.episodes import PolicyActor
-    from embodied.train.grpo import learned_progress
     from embodied.train.onpolicy import env_kwargs
 
     result, trajs = evaluate_task(
@@ -290,8 +287,7 @@ def _evaluate(
         prefix=f"{prefix}-",
         check=policy_check(policy, task),
     )
-    learned = learned_progress(reward_model, trajs, frames)
-    return result, [c.tolist() for c in learned]
+    return result, [score.progress.tolist() for score in reward_model.score(trajs)]
 
 
 # --- the report --------------------------------------------------------------------------------

@@ -13,14 +13,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from embodied.core.features import is_image_key
 from embodied.core.io import atomic_write_text
+from embodied.core.reward import ProgressScore, RewardModel, evenly_spaced
+from embodied.core.trajectory import Trajectory
+from embodied.datasets import LeRobotDataset
+from embodied.evaluation.report import markdown_table
+from embodied.rewards.metrics import calibration_error, success_auroc, value_order_correlation
+from embodied.rewards.models import LearnedProgress, make_reward_model
+from embodied.rewards.progress import ProgressRewardModel
 
 
 @dataclass
@@ -34,47 +43,39 @@ class Scored:
     missing: int = 0
 
 
-def episode_frames(dataset: Any, episode: int, image_key: str, label_key: str, max_frames: int):
-    """(frames uint8 [F, H, W, 3], labels [F], instruction) at evenly spaced frames."""
-    from embodied.train.reward import eval_indices
+class TimeProgress(RewardModel):
+    """The baseline every progress model must beat: observation i of T+1 gets i / T, whatever
+    happened (it scores every failure as complete)."""
 
-    columns = dataset.episode_frames(episode, keys=[image_key, label_key, "task_index"])
-    sel = eval_indices(len(columns[label_key]), max_frames)
-    instruction = dataset.tasks[int(columns["task_index"][0])]
-    return columns[image_key][sel], columns[label_key][sel].astype(np.float64), instruction
+    reward_type = "time"
 
-
-def model_scorer(model: Any) -> Callable[[np.ndarray, str], tuple[np.ndarray, float | None, int]]:
-    """Score an episode causally with a ``ProgressRewardModel``."""
-    import torch
-
-    def score(frames: np.ndarray, instruction: str) -> tuple[np.ndarray, float | None, int]:
-        with torch.no_grad():
-            out = model(torch.from_numpy(np.ascontiguousarray(frames))[None], [instruction])
-        prob = float(torch.sigmoid(out["success_logits"][0, -1]))
-        return out["progress"][0].cpu().numpy().astype(np.float64), prob, 0
-
-    return score
+    def score(self, trajectories: Sequence[Trajectory]) -> list[ProgressScore]:
+        return [ProgressScore(np.linspace(0.0, 1.0, t.length + 1)) for t in trajectories]
 
 
-def time_scorer(frames: np.ndarray, instruction: str) -> tuple[np.ndarray, float | None, int]:
-    """Time interpolation: frame i of F gets i / (F - 1), whatever happened."""
-    return np.linspace(0.0, 1.0, len(frames)), None, 0
-
-
-def judge_scorer(judge: Any) -> Callable[[np.ndarray, str], tuple[np.ndarray, float | None, int]]:
-    """A ``VLMJudge``: its parsed answers, NaN (and counted) where missing."""
-
-    def score(frames: np.ndarray, instruction: str) -> tuple[np.ndarray, float | None, int]:
-        result = judge.judge(frames, instruction)
-        return np.asarray(result.progress, dtype=np.float64), None, int(result.n_missing)
-
-    return score
+def reward_models(methods: Sequence[str], frames: int) -> list[tuple[str, RewardModel]]:
+    """The named methods: ``time``, ``judge:<local VLM directory>``, or a saved progress model
+    directory (then also the same architecture untrained, to show what training added)."""
+    models: list[tuple[str, RewardModel]] = []
+    for method in methods:
+        if method == "time":
+            models.append(("time interpolation", TimeProgress()))
+        elif method.startswith("judge:"):
+            models.append((method, make_reward_model("judge", method[len("judge:") :], frames)))
+        elif (Path(method) / "config.json").is_file():
+            learned = make_reward_model("learned", method, frames)
+            torch.manual_seed(0)
+            untrained = ProgressRewardModel(dataclasses.replace(learned.model.config))
+            models += [(str(method), learned), ("untrained", LearnedProgress(untrained, frames))]
+        else:
+            raise ValueError(
+                f"method {method!r} is not 'time', 'judge:<dir>' or a saved reward model directory"
+            )
+    return models
 
 
 def summarize(name: str, scored: Sequence[Scored]) -> dict[str, Any]:
     """The table row of one method."""
-    from embodied.rewards.metrics import calibration_error, success_auroc, value_order_correlation
 
     def voc(s: Scored) -> float:
         ok = np.isfinite(s.progress)
@@ -121,71 +122,47 @@ def evaluate_reward(
     methods: Sequence[str],
     max_frames: int = 8,
     episodes: int = 0,
-    image_key: str = "",
     label_key: str = "progress.label",
 ) -> list[dict[str, Any]]:
     """One row per method: a saved model directory (plus the same model untrained), ``time``,
-    or ``judge:<local VLM directory>``; on a dataset of several tasks also one per method and task
+    or ``judge:<local VLM directory>``, each scoring the dataset's first camera at ``max_frames``
+    evenly spaced frames; on a dataset of several tasks also one row per method and task
     (``task`` is "all" on the rows over every episode)."""
-    from embodied.datasets import LeRobotDataset
 
     dataset = LeRobotDataset(dataset_dir)
     if label_key not in dataset.features:
         raise ValueError(
             f"dataset {dataset_dir} has no {label_key!r} labels: run `embodied label {dataset_dir}`"
         )
-    images = [k for k in dataset.features if dataset.features[k].get("dtype") in ("video", "image")]
-    image_key = image_key or (images[0] if images else "")
-    if image_key not in dataset.features:
-        raise ValueError(
-            f"dataset {dataset_dir} has no image feature {image_key!r}; it has {images}"
-        )
+    if not any(is_image_key(k) for k in dataset.features):
+        raise ValueError(f"dataset {dataset_dir} has no camera to score; features: "
+                         f"{sorted(dataset.features)}")  # fmt: skip
     table = dataset.episodes_table()
     chosen = [int(r["episode_index"]) for r in table][: episodes or None]
-    scorers: list[tuple[str, Callable]] = []
-    for method in methods:
-        if method == "time":
-            scorers.append(("time interpolation", time_scorer))
-        elif method.startswith("judge:"):
-            from embodied.rewards import VLMJudge
-
-            scorers.append(
-                (method, judge_scorer(VLMJudge.from_pretrained(method[len("judge:") :])))
-            )
-        elif (Path(method) / "config.json").is_file():
-            import torch
-
-            from embodied.rewards import ProgressRewardModel
-
-            model = ProgressRewardModel.from_pretrained(method).eval()
-            torch.manual_seed(0)
-            untrained = ProgressRewardModel(dataclasses.replace(model.config)).eval()
-            scorers += [(str(method), model_scorer(model)), ("untrained", model_scorer(untrained))]
-        else:
-            raise ValueError(
-                f"method {method!r} is not 'time', 'judge:<dir>' or a saved reward model directory"
-            )
-    data = [(e, *episode_frames(dataset, e, image_key, label_key, max_frames)) for e in chosen]
+    models = reward_models(methods, max_frames)
+    data = [(e, dataset.episode(e)) for e in chosen]
     success = {int(r["episode_index"]): bool(r["success"]) for r in table}
     task_of = {int(r["episode_index"]): str(r["task_name"]) for r in table}
     tasks = list(dict.fromkeys(task_of[e] for e in chosen))
+    labels = {e: dataset.episode_frames(e, keys=[label_key])[label_key] for e in chosen}
     rows = []
-    for name, scorer in scorers:
+    for name, model in models:
         scored = []
-        for episode, frames, labels, instruction in data:
-            progress, prob, missing = scorer(frames, instruction)
-            scored.append(Scored(progress, prob, labels, success[episode], missing))
+        for (episode, traj), result in zip(data, model.score([t for _, t in data]), strict=True):
+            picks = evenly_spaced(traj.length + 1, max_frames)
+            scored.append(Scored(result.progress[picks], result.success_prob,
+                                 labels[episode][picks].astype(np.float64), success[episode],
+                                 result.missing))  # fmt: skip
         rows.append({"method": name, "task": "all", **summarize(name, scored)})
         if len(tasks) > 1:  # a multi-task dataset: each task's own row as well
             for task in tasks:
-                mine = [s for (e, *_), s in zip(data, scored, strict=True) if task_of[e] == task]
+                mine = [s for (e, _), s in zip(data, scored, strict=True) if task_of[e] == task]
                 rows.append({"method": name, "task": task, **summarize(name, mine)})
     return rows
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a markdown table (n/a where a method has no such output)."""
-    from embodied.evaluation.report import markdown_table
 
     keys = list(dict.fromkeys(k for r in rows for k in r))
 

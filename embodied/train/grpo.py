@@ -7,8 +7,9 @@ bottom:
 
 1. Roll out ``group_size`` episodes from each of ``groups`` initial states (same seed = same
    state), sampling stochastically; every decision records its outputs and log-probs.
-2. Score: the trajectory return combines success and progress (learned reward model or
-   privileged labels), via ``RewardShaper``'s potential-based reward, whose sum telescopes::
+2. Score: the trajectory return combines success and progress from any reward model (learned,
+   VLM judge, privileged labels, or none), the potential-based reward summed (it telescopes;
+   ``embodied.rewards.returns``)::
 
        R_i = w_success * success_i + w_progress * (p_T - p_0)_i
 
@@ -48,7 +49,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from embodied.core.reward import ProgressScore
 from embodied.core.run import RunDir, progress, seed_everything
+from embodied.rewards.models import REWARD_TYPES, PrivilegedProgress, make_reward_model
+from embodied.rewards.returns import TrajectoryScore
 from embodied.rollout.backends import DistributedConfig, make_rollouts
 from embodied.train.common import (
     OptimConfig,
@@ -71,7 +75,6 @@ from embodied.train.onpolicy import (
 )
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "traj-mean", "holder")
-REWARDS = ("learned", "privileged", "success")
 
 
 @dataclass
@@ -83,8 +86,8 @@ class GRPOConfig:
     name: str = "grpo"
     out: str = "runs"
     policy_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. min_std, temperature
-    reward: str = "learned"  # learned (reward_model) | privileged (progress labels) | success
-    reward_model: str = ""  # a saved progress reward model directory, for reward=learned
+    reward: str = "learned"  # learned | judge | privileged (progress labels) | success
+    reward_model: str = ""  # learned: a saved progress model; judge: a local VLM directory
     reward_frames: int = 8  # observations the reward model scores per rollout (its clip_len)
     success_weight: float = 1.0
     progress_weight: float = 1.0
@@ -125,10 +128,10 @@ def check_config(cfg: GRPOConfig) -> None:
     """Refuse settings that cannot train, naming the key."""
     if cfg.loss_agg not in AGGREGATIONS:
         raise ValueError(f"loss_agg must be one of {AGGREGATIONS}, got {cfg.loss_agg!r}")
-    if cfg.reward not in REWARDS:
-        raise ValueError(f"reward must be one of {REWARDS}, got {cfg.reward!r}")
-    if cfg.reward == "learned" and not cfg.reward_model:
-        raise ValueError("reward=learned needs reward_model=<saved progress model directory>")
+    if cfg.reward not in REWARD_TYPES:
+        raise ValueError(f"reward must be one of {REWARD_TYPES}, got {cfg.reward!r}")
+    if cfg.reward in ("learned", "judge") and not cfg.reward_model:
+        raise ValueError(f"reward={cfg.reward} needs reward_model=<its directory>")
     for name in ("iterations", "groups", "epochs", "minibatch_size", "eval_envs"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
@@ -240,51 +243,6 @@ def grpo_loss(
 # --- rollouts and scoring ----------------------------------------------------------------------
 
 
-def privileged_progress(traj: Any) -> np.ndarray:
-    """Labelled progress of the T+1 observations (the reset's value, then each step's)."""
-    first = traj.metadata.get("reset_info", {}).get("progress", 0.0)
-    return np.concatenate([[float(first)], np.asarray(traj.info["progress"], dtype=np.float64)])
-
-
-def learned_progress(model: Any, trajs: list[Any], frames: int = 8) -> list[np.ndarray]:
-    """The reward model's progress of every observation, ``[T+1]`` per trajectory: scored in one
-    batch at ``frames`` evenly spaced observations (first and last included: the clip length it
-    was trained on, so its time embedding sees familiar positions), linearly interpolated."""
-    from embodied.train.reward import eval_indices
-
-    picks = [eval_indices(t.length + 1, frames) for t in trajs]
-    width = max(len(p) for p in picks)
-    clips = []
-    for traj, pick in zip(trajs, picks, strict=True):
-        pick = np.concatenate([pick, np.repeat(pick[-1:], width - len(pick))])  # causal: pad last
-        clips.append(np.asarray(traj.observations["pixels"])[pick])
-    with torch.no_grad():
-        scores = model.progress(torch.from_numpy(np.stack(clips)), [t.instruction for t in trajs])
-    out = []
-    for i, (traj, pick) in enumerate(zip(trajs, picks, strict=True)):
-        p = scores[i, : len(pick)].cpu().numpy().astype(np.float64)
-        if not np.isfinite(p).all():
-            raise FloatingPointError(f"the reward model returned NaN progress for trajectory {i}")
-        out.append(np.interp(np.arange(traj.length + 1), pick, p))
-    return out
-
-
-def trajectory_returns(
-    cfg: GRPOConfig, trajs: list[Any], curves: list[np.ndarray] | None
-) -> np.ndarray:
-    """``R_i`` from success and the potential-based progress reward (``RewardShaper``)."""
-    from embodied.rewards.shaping import RewardShaper
-
-    weight = cfg.progress_weight if curves is not None else 0.0
-    shaper = RewardShaper(progress=weight, success=cfg.success_weight)
-    returns = []
-    for i, traj in enumerate(trajs):
-        progress_i = curves[i][None] if curves is not None else None
-        mask = np.ones((1, traj.length), dtype=bool)
-        returns.append(float(shaper(progress_i, mask, np.array([traj.success])).returns[0]))
-    return np.asarray(returns)
-
-
 def keep_group(successes: np.ndarray, returns: np.ndarray, low: float, high: float) -> bool:
     """Dynamic sampling: a group teaches something when its success rate is within
     [low, high] and its returns differ."""
@@ -303,10 +261,13 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def reward_correlation(learned: list[np.ndarray], privileged: list[np.ndarray]) -> float:
-    """Pearson correlation of learned and privileged progress over every step of every rollout.
-    Per step rather than per final value: when nearly every rollout succeeds, final privileged
-    progress is constant and its correlation is noise, while the curves still rise together."""
-    return pearson(np.concatenate(learned), np.concatenate(privileged))
+    """Pearson correlation of learned and privileged progress over every step of every rollout
+    (steps a judge left unanswered are skipped). Per step rather than per final value: when
+    nearly every rollout succeeds, final privileged progress is constant and its correlation is
+    noise, while the curves still rise together."""
+    x, y = np.concatenate(learned), np.concatenate(privileged)
+    known = np.isfinite(x)
+    return pearson(x[known], y[known])
 
 
 def train_grpo(cfg: GRPOConfig) -> RunDir:
@@ -318,11 +279,10 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     policy = load_policy(cfg.policy, cfg.policy_overrides, device)
     policy.eval()  # no dropout: sampling and recomputation must see the same network
     reference = copy.deepcopy(policy).requires_grad_(False) if cfg.kl_coef > 0 else None
-    reward_model = None
-    if cfg.reward == "learned":
-        from embodied.rewards import ProgressRewardModel
-
-        reward_model = ProgressRewardModel.from_pretrained(cfg.reward_model).to(device).eval()
+    reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
+    returns_of = TrajectoryScore({"success": cfg.success_weight, "progress": cfg.progress_weight})
+    # The monitor compares a model's progress with the simulator's, where the env records it.
+    monitored = cfg.reward in ("learned", "judge")
     kwargs = env_kwargs(policy, reward_model)
     # The schedule advances once per iteration (warm-up and cosine over iterations).
     optimizer, scheduler = make_optimizer(policy.parameters(), cfg.optim, cfg.iterations)
@@ -350,7 +310,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 kept: list[Any] = []
                 kept_returns: list[np.ndarray] = []
                 all_trajs: list[Any] = []
-                all_curves: list[np.ndarray] = []  # learned progress, for the monitor
+                all_scores: list[ProgressScore] = []  # the model's progress, for the monitor
                 score_time = 0.0
                 dropped = 0
                 for round_ in range(cfg.max_refills + 1):
@@ -365,14 +325,9 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     trajs = rollout_groups(rollouts, seeds, cfg.group_size, sample_seed)
                     all_trajs += trajs
                     t1 = time.perf_counter()
-                    if cfg.reward == "learned":
-                        curves = learned_progress(reward_model, trajs, cfg.reward_frames)
-                        all_curves += curves
-                    elif cfg.reward == "privileged":
-                        curves = [privileged_progress(t) for t in trajs]
-                    else:
-                        curves = None
-                    returns = trajectory_returns(cfg, trajs, curves)
+                    scores = reward_model.score(trajs)
+                    all_scores += scores
+                    returns = returns_of.batch(trajs, scores)
                     score_time += time.perf_counter() - t1
                     for g in range(need):
                         part = slice(g * cfg.group_size, (g + 1) * cfg.group_size)
@@ -399,13 +354,12 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 if errors:
                     log["rollout/env_errors"] = float(errors)
                 # reward-hacking monitor: learned reward vs privileged progress on these rollouts
-                if reward_model is not None:  # the rounds' scores, not scored again
-                    privileged = [privileged_progress(t) for t in all_trajs]
-                    corr = reward_correlation(all_curves, privileged)
+                if monitored and all("progress" in t.info for t in all_trajs):
+                    learned = [s.progress for s in all_scores]  # the rounds' scores
+                    privileged = [s.progress for s in PrivilegedProgress().score(all_trajs)]
+                    corr = reward_correlation(learned, privileged)
                     log["monitor/reward_corr"] = corr
-                    log["monitor/learned_final_progress"] = float(
-                        np.mean([c[-1] for c in all_curves])
-                    )
+                    log["monitor/learned_final_progress"] = float(np.mean([c[-1] for c in learned]))
                     log["monitor/privileged_final_progress"] = float(
                         np.mean([c[-1] for c in privileged])
                     )

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from embodied.core.features import ObservationSpec
+from embodied.core.reward import RewardModel
 
 
 def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> Any:
@@ -33,22 +34,24 @@ def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> A
     return policy.to(device)
 
 
-def env_kwargs(policy: Any, reward_model: Any) -> dict[str, Any]:
-    """Env options giving the policy its inputs and, for a learned reward, the front camera at
-    the reward model's size."""
+def env_kwargs(policy: Any, reward_model: RewardModel) -> dict[str, Any]:
+    """Env options giving the policy its inputs and a frame-reading reward model its camera (the
+    first one: ``front`` on the tabletop) at its size."""
     from embodied.rollout.matching import env_options
 
     kwargs = env_options(policy.observation_spec)
-    if reward_model is not None:
-        size = reward_model.config.image_size
+    size = reward_model.image_size
+    if size is not None:
         if kwargs["obs_mode"] == "state":
-            kwargs.update(obs_mode="pixels_state", image_size=(size, size))
-        elif tuple(kwargs["image_size"]) != (size, size) or "cameras" in kwargs:
+            kwargs.update(obs_mode="pixels_state", image_size=tuple(size))
+        elif tuple(kwargs["image_size"]) != tuple(size):
             raise ValueError(
                 f"the policy reads {kwargs.get('cameras', 'the default camera')} at "
-                f"{kwargs['image_size']} but the reward model scores the front camera at "
-                f"{(size, size)}; train them on the same frames"
+                f"{kwargs['image_size']} but the reward model scores the first camera at "
+                f"{tuple(size)}; train them on the same frames"
             )
+    elif kwargs["obs_mode"] == "state" and reward_model.reward_type == "judge":
+        kwargs.update(obs_mode="pixels_state")  # the judge resizes whatever camera it gets
     return kwargs
 
 

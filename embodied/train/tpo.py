@@ -4,9 +4,10 @@ Rounds of roll out -> rank -> optimise, reading top to bottom:
 
 1. Roll out ``group_size`` episodes from each of ``groups`` initial states (stochastic sampling,
    every decision recorded), as GRPO does.
-2. Rank each group with a trajectory cost (``rewards/costs.py``: failure, progress reached,
-   stage keypoint distances, collisions, steps; weighted for the objective: success, safety or
-   efficiency) and pair the best with the worst (or every ordered pair beyond ``margin``).
+2. Rank each group by the trajectory score (``embodied.rewards.returns``, the one GRPO's returns
+   come from: success, progress from any reward model (privileged by default), keypoint
+   distances, collisions, steps; weighted for the objective: success, safety or efficiency) and
+   pair the best with the worst (or every ordered pair beyond ``margin``).
 3. ``epochs`` passes over the pairs with the trajectory-level DPO loss, where
    ``log pi(tau) = sum over the trajectory's decisions and their elements (tokens / denoising
    steps / action dimensions)`` and the reference is the policy that sampled the round
@@ -35,6 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from embodied.core.run import RunDir, progress, seed_everything
+from embodied.rewards.models import REWARD_TYPES, make_reward_model
+from embodied.rewards.returns import OBJECTIVES, TrajectoryScore, preference_pairs
 from embodied.rollout.backends import DistributedConfig, make_rollouts
 from embodied.train.common import (
     OptimConfig,
@@ -66,9 +69,12 @@ class TPOConfig:
     name: str = "tpo"
     out: str = "runs"
     policy_overrides: dict[str, Any] = field(default_factory=dict)
-    objective: str = "success"  # success | safety | efficiency (rewards.costs.OBJECTIVES)
-    cost_weights: dict[str, float] = field(default_factory=dict)  # overrides the objective's
-    pairs: str = "best-worst"  # or "all": every ordered pair whose costs differ by > margin
+    objective: str = "success"  # success | safety | efficiency (rewards.returns.OBJECTIVES)
+    score_weights: dict[str, float] = field(default_factory=dict)  # overrides the objective's
+    reward: str = "privileged"  # the progress term's source: privileged | learned | judge | success
+    reward_model: str = ""  # learned: a saved progress model; judge: a local VLM directory
+    reward_frames: int = 8  # observations a learned model or judge scores per rollout
+    pairs: str = "best-worst"  # or "all": every ordered pair whose scores differ by > margin
     margin: float = 0.0
     beta: float = 0.1
     # log pi(tau) as the mean over its elements instead of the sum; beta then weighs a
@@ -144,10 +150,11 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
     """Run TPO; return the run directory (final policy in ``policy/``)."""
     import embodied.sims as sims
     from embodied.evaluation.results import collisions_per_episode
-    from embodied.rewards.costs import OBJECTIVES, TrajectoryCost, preference_pairs
 
     if cfg.objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {cfg.objective!r}")
+    if cfg.reward not in REWARD_TYPES:
+        raise ValueError(f"reward must be one of {REWARD_TYPES}, got {cfg.reward!r}")
     if cfg.reference not in ("round", "initial"):
         raise ValueError(f"reference must be 'round' or 'initial', got {cfg.reference!r}")
     if cfg.sft_weight < 0:
@@ -158,12 +165,13 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
     device = resolve_device(cfg.device)
     policy = load_policy(cfg.policy, cfg.policy_overrides, device).eval()
     initial = copy.deepcopy(policy).requires_grad_(False) if cfg.reference == "initial" else None
-    kwargs = env_kwargs(policy, None)
+    reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
+    kwargs = env_kwargs(policy, reward_model)
     num_envs = cfg.num_envs or cfg.groups * cfg.group_size
     probe = sims.make(cfg.task, obs_mode="state")
     limit = probe.spec.max_episode_steps if probe.spec is not None else None
     probe.close()
-    cost = TrajectoryCost({**OBJECTIVES[cfg.objective], **cfg.cost_weights}, limit)
+    score = TrajectoryScore.objective(cfg.objective, cfg.score_weights, limit)
     optimizer, scheduler = make_optimizer(policy.parameters(), cfg.optim, cfg.rounds)
     run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=cfg)
     start = 0
@@ -183,12 +191,12 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                 base = cfg.train_seed + round_ * cfg.groups
                 seeds = list(range(base, base + cfg.groups))
                 trajs = rollout_groups(rollouts, seeds, cfg.group_size, cfg.seed * 7919 + round_)
-                costs = cost.batch(trajs)
-                pairs = preference_pairs(costs, cfg.group_size, cfg.pairs, cfg.margin)
+                scores = score.batch(trajs, reward_model.score(trajs))
+                pairs = preference_pairs(scores, cfg.group_size, cfg.pairs, cfg.margin)
                 log = {
                     "rollout/success_rate": float(np.mean([t.success for t in trajs])),
                     "rollout/mean_length": float(np.mean([t.length for t in trajs])),
-                    "rank/cost_mean": float(costs.mean()),
+                    "rank/score_mean": float(scores.mean()),
                     "rank/pairs": float(len(pairs)),
                     "time/rollout": time.perf_counter() - t0,
                 }

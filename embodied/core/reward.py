@@ -1,0 +1,66 @@
+"""The reward-model contract: per-observation progress in [0, 1] of whole trajectories, and a
+success probability where the model has one.
+
+GRPO, TPO and ``embodied eval reward`` read rewards only through this class, so a learned
+progress model, a zero-shot VLM judge, the simulator's privileged progress and success alone are
+interchangeable (``embodied.rewards.make_reward_model`` builds them from a config). The interface
+takes trajectories rather than frames because privileged progress lives in a trajectory's
+``info``, not in its images; frame-based models read the camera they declare.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from embodied.core.features import CAMERA_PREFIX, IMAGE_KEY, env_observation_features
+from embodied.core.trajectory import Trajectory
+
+
+@dataclass
+class ProgressScore:
+    """A reward model's reading of one trajectory."""
+
+    progress: np.ndarray  # float64 [T+1], one value per observation; NaN where none was given
+    success_prob: float | None = None  # the model's success probability at the end, if it has one
+    missing: int = 0  # frames the model was asked about but gave no answer for (a judge)
+
+
+class RewardModel(abc.ABC):
+    """Scores trajectories with progress (see the module docstring)."""
+
+    reward_type: ClassVar[str] = ""
+
+    @property
+    def image_size(self) -> tuple[int, int] | None:
+        """The camera size the model scores at; None when it reads no frames."""
+        return None
+
+    @abc.abstractmethod
+    def score(self, trajectories: Sequence[Trajectory]) -> list[ProgressScore]:
+        """One ``ProgressScore`` per trajectory, in order."""
+
+
+def camera_frames(trajectory: Trajectory) -> np.ndarray:
+    """The frames ``uint8 [T+1, H, W, 3]`` of a trajectory's first camera (its only camera, or
+    ``front`` before ``wrist``): the view a progress model scores."""
+    features = env_observation_features(trajectory.observations)
+    if IMAGE_KEY in features:
+        return features[IMAGE_KEY]
+    cameras = [k for k in features if k.startswith(CAMERA_PREFIX)]
+    if not cameras:
+        raise ValueError(
+            f"the trajectory has no camera to score (observations: {sorted(features)}); roll out "
+            "with obs_mode=pixels or pixels_state"
+        )
+    return features[cameras[0]]
+
+
+def evenly_spaced(length: int, count: int) -> np.ndarray:
+    """``count`` indices spread evenly over ``0..length-1``, first and last included (fewer when
+    the episode is shorter): the frames a progress model scores."""
+    return np.unique(np.linspace(0, length - 1, min(count, length)).round().astype(int))
