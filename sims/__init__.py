@@ -14,22 +14,30 @@ if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
     os.environ.setdefault("MUJOCO_GL", "egl")
 
 from embodied.sims.registry import (  # noqa: E402
-    TABLETOP_TASKS,
     list_tasks,
     make,
     make_expert,
+    register_task,
     suite_of,
     task_id,
+    unregister_task,
 )
+from embodied.sims.tasks.base import Task  # noqa: E402
 from embodied.sims.vector import grouped_seeds, make_vec_env  # noqa: E402
 
+# isort: split
+# Importing a task module registers its task; this order is ``list_tasks()``'s (easiest first).
+from embodied.sims.tasks import reach, push, pick_place, stack, drawer_open, button_press  # noqa: E402, F401, I001
+
 __all__ = [
-    "TABLETOP_TASKS",
+    "Task",
     "grouped_seeds",
     "list_tasks",
     "make",
     "make_expert",
     "make_vec_env",
+    "register_task",
     "suite_of",
     "task_id",
+    "unregister_task",
 ]

@@ -27,9 +27,10 @@ from embodied.sims.conventions import (
     image_shape,
     observation_space,
 )
+from embodied.sims.registry import get_task
 from embodied.sims.render import CameraRenderer, set_render_quality
 from embodied.sims.scene import ASSET, BLOCKS, BUTTONS, FINGER_MAX, PLATES, Scene
-from embodied.sims.tasks import TASKS, Task
+from embodied.sims.tasks.base import Task
 
 CAMERAS = ("front", "wrist")
 WORKSPACE_LOW = np.array([-0.3, -0.28, 0.015])
@@ -59,9 +60,7 @@ class TabletopEnv(gym.Env):
         goal_cycle: bool = False,
     ) -> None:
         if isinstance(task, str):
-            if task not in TASKS:
-                raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
-            task = TASKS[task]()
+            task = get_task(task)()
         check_options(obs_mode, render_mode)
         cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
         unknown = [c for c in cameras if c not in CAMERAS]
@@ -173,11 +172,12 @@ class TabletopEnv(gym.Env):
         """The scripted expert's action for the current state (privileged information).
 
         ``goal`` overrides the episode's goal: the expert then follows a different instruction.
+        The task's command is a displacement in metres; dividing by ``action_scale`` and clipping
+        gives full speed when far and an exact stop on the target when close.
         """
-        from embodied.sims.experts import expert_action
-
-        goal = self.goal if goal is None else goal
-        return expert_action(self.task, self.scene, goal, self.action_scale).astype(np.float32)
+        command = self.task.expert(self.scene, self.goal if goal is None else goal)
+        command[:3] /= self.action_scale
+        return np.clip(command, -1.0, 1.0).astype(np.float32)
 
     # --- internals -----------------------------------------------------------------------------
     def _observation(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import embodied.sims as sims
+from embodied.sims.tasks.reach import Reach
 
 TASKS = sims.list_tasks()
 MULTI_GOAL_TASKS = [t for t in TASKS if t != "DrawerOpen"]
@@ -94,7 +95,7 @@ def test_make_returns_time_limited_env():
     env = sims.make("embodied/Reach-v0", obs_mode="state")
     try:
         assert env.spec.id == "embodied/Reach-v0"
-        assert env.spec.max_episode_steps == sims.TABLETOP_TASKS["Reach"]
+        assert env.spec.max_episode_steps == Reach.episode_steps
         assert env.unwrapped.task.name == "Reach"
     finally:
         env.close()
