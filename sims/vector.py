@@ -22,6 +22,30 @@ def grouped_seeds(seeds: Sequence[int], group_size: int) -> list[int]:
     return [int(s) for s in seeds for _ in range(group_size)]
 
 
+def _check_action_count(actions: Any, num_envs: int) -> None:
+    """Refuse a batch with one action too many or too few, naming both counts (Gymnasium's own
+    error is ``zip() argument 2 is shorter than argument 1``)."""
+    try:
+        count = len(actions)
+    except TypeError:
+        raise ValueError(f"expected a batch of {num_envs} actions, got {actions!r}") from None
+    if count != num_envs:
+        raise ValueError(f"got {count} actions for {num_envs} envs: give one action per env")
+
+
+class _SyncVectorEnv(gym.vector.SyncVectorEnv):
+    def step(self, actions: Any) -> tuple[Any, ...]:
+        _check_action_count(actions, self.num_envs)
+        return super().step(actions)
+
+
+class _AsyncVectorEnv(gym.vector.AsyncVectorEnv):
+    def step_async(self, actions: Any) -> None:
+        # Checked before any worker is sent a step, so the vector env stays usable.
+        _check_action_count(actions, self.num_envs)
+        super().step_async(actions)
+
+
 def _build(
     task: str, env_kwargs: dict[str, Any], in_worker: bool = False, task_module: str | None = None
 ) -> gym.Env:
@@ -71,5 +95,5 @@ def make_vec_env(
             # fork server starts clean (it is Python 3.14's default on Linux). Pass context="fork"
             # to opt back in when the parent never renders.
             context = "forkserver"
-        return gym.vector.AsyncVectorEnv(fns, context=context, autoreset_mode=mode)
-    return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+        return _AsyncVectorEnv(fns, context=context, autoreset_mode=mode)
+    return _SyncVectorEnv(fns, autoreset_mode=mode)
