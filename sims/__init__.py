@@ -1,7 +1,9 @@
 """Simulators: the built-in MuJoCo tabletop suite, a Meta-World adapter, vector envs.
 
-Importing this package registers the Gymnasium ids ``embodied/<Task>-v0`` (and
+Importing this package registers the built-in tabletop tasks (one module each in
+``embodied.sims.tasks``) with their Gymnasium ids ``embodied/<Task>-v0`` (and
 ``embodied/MetaWorld-v0``) without importing MuJoCo; environments are built on ``gymnasium.make``.
+A task of one's own is a ``Task`` subclass decorated with ``register_task``.
 """
 
 from __future__ import annotations
