@@ -1,7 +1,9 @@
 """Simulators: the built-in MuJoCo tabletop suite, a Meta-World adapter, vector envs.
 
-Importing this package registers the Gymnasium ids ``embodied/<Task>-v0`` (and
+Importing this package registers the built-in tabletop tasks (one module each in
+``embodied.sims.tasks``) with their Gymnasium ids ``embodied/<Task>-v0`` (and
 ``embodied/MetaWorld-v0``) without importing MuJoCo; environments are built on ``gymnasium.make``.
+A task of one's own is a ``Task`` subclass decorated with ``register_task``.
 """
 
 from __future__ import annotations
@@ -14,22 +16,30 @@ if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
     os.environ.setdefault("MUJOCO_GL", "egl")
 
 from embodied.sims.registry import (  # noqa: E402
-    TABLETOP_TASKS,
     list_tasks,
     make,
     make_expert,
+    register_task,
     suite_of,
     task_id,
+    unregister_task,
 )
+from embodied.sims.tasks.base import Task  # noqa: E402
 from embodied.sims.vector import grouped_seeds, make_vec_env  # noqa: E402
 
+# isort: split
+# Importing a task module registers its task; this order is ``list_tasks()``'s (easiest first).
+from embodied.sims.tasks import reach, push, pick_place, stack, drawer_open, button_press  # noqa: E402, F401, I001
+
 __all__ = [
-    "TABLETOP_TASKS",
+    "Task",
     "grouped_seeds",
     "list_tasks",
     "make",
     "make_expert",
     "make_vec_env",
+    "register_task",
     "suite_of",
     "task_id",
+    "unregister_task",
 ]

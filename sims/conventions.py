@@ -8,13 +8,18 @@ tabletop suite and the Meta-World adapter behave the same way on good and bad in
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Sequence
+from typing import Any
 
 import mujoco
 import numpy as np
 from gymnasium import spaces
+from gymnasium.error import ResetNeeded
 
 OBS_MODES = ("pixels", "state", "pixels_state")
 ACTION_DIM = 4  # dx, dy, dz (end effector), gripper
+IMAGE_SIZE_RANGE = (8, 4096)  # pixels per side: smaller says nothing, larger exhausts GL buffers
 # MuJoCo warnings raised (with an automatic reset of the state) when the simulation blows up;
 # they are consecutive in mjtWarning, so one slice of the counters reads them all.
 _BAD_STATE = ("mjWARN_BADQPOS", "mjWARN_BADQVEL", "mjWARN_BADQACC")
@@ -24,9 +29,45 @@ assert [int(getattr(mujoco.mjtWarning, n)) for n in _BAD_STATE] == [
 ]
 
 
-def image_shape(image_size: int | tuple[int, int]) -> tuple[int, int]:
-    """(height, width) from an int (square) or a pair."""
-    return (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+def image_shape(image_size: int | Sequence[int]) -> tuple[int, int]:
+    """(height, width) from an int (square) or a (height, width) pair, each in IMAGE_SIZE_RANGE."""
+    low, high = IMAGE_SIZE_RANGE
+    if _is_int(image_size):
+        sides: tuple[Any, ...] = (image_size, image_size)
+    elif isinstance(image_size, Sequence) and not isinstance(image_size, str):
+        sides = tuple(image_size)
+    else:
+        sides = ()
+    if len(sides) != 2 or not all(_is_int(s) and low <= s <= high for s in sides):
+        raise ValueError(
+            f"image_size must be an int or a (height, width) pair of ints in [{low}, {high}] "
+            f"pixels, got {image_size!r}"
+        )
+    return int(sides[0]), int(sides[1])
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def checked_cameras(cameras: Sequence[str], available: Sequence[str]) -> tuple[str, ...]:
+    """The camera names as a tuple; a plain string, no camera, an unknown name or a repeated one
+    is a ValueError naming the available cameras."""
+    problem = None
+    if isinstance(cameras, str) or not isinstance(cameras, Sequence):
+        problem = f"a list of names is needed (one camera: [{cameras!r}])"
+    elif not cameras:
+        problem = "no camera given"
+    elif unknown := [c for c in cameras if c not in available]:
+        problem = f"unknown: {unknown}"
+    elif repeated := sorted({c for c in cameras if list(cameras).count(c) > 1}):
+        problem = f"repeated: {repeated}"
+    if problem is not None:
+        raise ValueError(
+            f"cameras must be a list of distinct names from {list(available)}, "
+            f"got {cameras!r} ({problem})"
+        )
+    return tuple(cameras)
 
 
 def check_options(obs_mode: str, render_mode: str | None) -> None:
@@ -71,6 +112,25 @@ def checked_action(action: np.ndarray) -> np.ndarray:
         raise ValueError(f"action has non-finite values: {action.tolist()}")
     # np.minimum/np.maximum rather than np.clip: same result, a fraction of the overhead.
     return np.minimum(np.maximum(action, -1.0), 1.0)
+
+
+class EpisodeGuard:
+    """Gymnasium's order rule on the bare env: no step before ``reset()`` or after the episode
+    ended. Gymnasium's OrderEnforcing wrapper covers the first only; a step after the end would
+    run on from a terminal state and report it as part of a finished episode."""
+
+    def __init__(self) -> None:
+        self._why: str | None = "before calling env.reset()"
+
+    def check(self) -> None:
+        """Raise ``gymnasium.error.ResetNeeded`` when ``step`` may not be called now."""
+        if self._why is not None:
+            raise ResetNeeded(f"Cannot call env.step() {self._why}; call env.reset() first")
+
+    def update(self, terminated: bool, truncated: bool) -> None:
+        """After ``reset`` (both False) or ``step``: remember whether the episode has ended."""
+        ended = "terminated" if terminated else "truncated" if truncated else None
+        self._why = ended and f"after the episode ended ({ended}=True)"
 
 
 class BlowUpDetector:

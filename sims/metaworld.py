@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -32,9 +33,11 @@ import numpy as np
 
 from embodied.sims.conventions import (
     BlowUpDetector,
+    EpisodeGuard,
     action_space,
     check_options,
     checked_action,
+    checked_cameras,
     image_shape,
     observation_space,
 )
@@ -123,8 +126,8 @@ class MetaWorldEnv(gym.Env):
         self,
         task: str = "reach-v3",
         obs_mode: str = "pixels",
-        cameras: tuple[str, ...] | list[str] | str = ("corner2",),
-        image_size: int | tuple[int, int] = 96,
+        cameras: Sequence[str] = ("corner2",),
+        image_size: int | Sequence[int] = 96,
         render_mode: str | None = "rgb_array",
         fast_render: bool = True,
         max_path_length: int | None = None,
@@ -155,13 +158,7 @@ class MetaWorldEnv(gym.Env):
         self.frame_skip = int(self._env.frame_skip)  # physics substeps per env step
 
         camera_names = [self.model.camera(i).name for i in range(self.model.ncam)]
-        cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
-        unknown = [c for c in cameras if c not in camera_names]
-        if unknown or not cameras:
-            raise ValueError(
-                f"cameras must be a non-empty subset of {camera_names}, got {list(cameras)}"
-            )
-        self.cameras = cameras
+        self.cameras = cameras = checked_cameras(cameras, camera_names)
         set_render_quality(self.model, fast=fast_render)
         self._renderer = CameraRenderer(self.model, height, width)
         self._policy = ENV_POLICY_MAP[task]()
@@ -170,6 +167,7 @@ class MetaWorldEnv(gym.Env):
         state_dim = self._env.observation_space.shape[0]
         self.observation_space = observation_space(obs_mode, cameras, height, width, state_dim)
         self._blow_up = BlowUpDetector(self.model, self.data, self.frame_skip)
+        self._guard = EpisodeGuard()
 
         self._raw: np.ndarray | None = None  # Meta-World's last raw observation
         self._steps = 0
@@ -188,14 +186,14 @@ class MetaWorldEnv(gym.Env):
         raw, _ = self._env.reset()
         self._raw = np.asarray(raw, dtype=np.float64)
         self._steps = 0
+        self._guard.update(terminated=False, truncated=False)
         # Meta-World does not evaluate success at reset; episodes start unsolved.
         return self._observation(), self._info(success=False)
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Apply one 4-D action (hand xyz delta, gripper effort) for 5 Meta-World physics steps."""
+        self._guard.check()
         action = checked_action(action).astype(np.float32)
-        if self._raw is None:
-            raise RuntimeError("call reset() before step()")
 
         self._blow_up.before_step()
         try:
@@ -216,6 +214,7 @@ class MetaWorldEnv(gym.Env):
                 info[key] = float(value)
         terminated = self.terminate_on_success and info["success"]
         truncated = not terminated and bool(truncated or self._steps >= self.max_episode_steps)
+        self._guard.update(terminated, truncated)
         return self._observation(), float(reward), terminated, truncated, info
 
     def render(self) -> np.ndarray | None:
@@ -291,4 +290,5 @@ class MetaWorldEnv(gym.Env):
         """End the episode (truncated, no reward) with the last good observation and the reason."""
         info = self._info(success=False)
         info["error"] = error
+        self._guard.update(terminated=False, truncated=True)
         return self._observation(), 0.0, False, True, info

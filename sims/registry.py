@@ -1,22 +1,27 @@
-"""Task names, Gymnasium registration and the public constructors (``make``, ``make_expert``)."""
+"""The task registry and the public constructors (``make``, ``make_expert``, ``list_tasks``).
+
+Each tabletop task module registers its ``Task`` class once (``register_task``); the registry is
+the one place that maps a name to its class, and so to its episode length and scripted expert, and
+it gives every task the Gymnasium id ``embodied/<name>-v0``.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from typing import Any, TypeVar
 
 import gymnasium as gym
 import numpy as np
 
-# Tabletop task name -> episode length limit (steps at 16 Hz control).
-TABLETOP_TASKS: dict[str, int] = {
-    "Reach": 80,
-    "Push": 150,
-    "PickPlace": 150,
-    "Stack": 150,
-    "DrawerOpen": 120,
-    "ButtonPress": 100,
-}
+from embodied.sims.tasks.base import Task
+
 METAWORLD_PREFIX = "metaworld/"
+_TABLETOP_ENTRY_POINT = "embodied.sims.tabletop:TabletopEnv"  # a string: no MuJoCo import here
+_TASKS: dict[str, type[Task]] = {}  # tabletop task name -> class, in registration order
+TaskClass = TypeVar("TaskClass", bound=type[Task])
+
+if "embodied/MetaWorld-v0" not in gym.registry:
+    gym.register(id="embodied/MetaWorld-v0", entry_point="embodied.sims.metaworld:MetaWorldEnv")
 
 
 def task_id(task: str) -> str:
@@ -24,23 +29,73 @@ def task_id(task: str) -> str:
     return f"embodied/{task}-v0"
 
 
-def _register() -> None:
-    for name, steps in TABLETOP_TASKS.items():
-        if task_id(name) not in gym.registry:
-            gym.register(
-                id=task_id(name),
-                entry_point="embodied.sims.tabletop:TabletopEnv",
-                kwargs={"task": name},
-                max_episode_steps=steps,
-            )
-    if "embodied/MetaWorld-v0" not in gym.registry:
-        gym.register(
-            id="embodied/MetaWorld-v0",
-            entry_point="embodied.sims.metaworld:MetaWorldEnv",
+def register_task(cls: TaskClass) -> TaskClass:
+    """Register a tabletop task class under ``cls.name``; use it as the class's decorator.
+
+    ``make(name)``, ``gymnasium.make("embodied/<name>-v0")`` (time limit ``cls.episode_steps``),
+    ``make_expert`` and ``list_tasks`` then know the task. Registering the same class again (a
+    re-imported module) replaces it; another class under a taken name is refused.
+    """
+    _check_task_class(cls)
+    name, known = cls.name, _TASKS.get(cls.name)
+    if known is not None and _qualname(known) != _qualname(cls):
+        raise ValueError(
+            f"task name {name!r} is taken by {_qualname(known)}; "
+            f"call unregister_task({name!r}) first to replace it"
         )
+    if known is None and task_id(name) in gym.registry:
+        raise ValueError(f"task name {name!r} clashes with the Gymnasium id {task_id(name)!r}")
+    _TASKS[name] = cls
+    gym.registry.pop(task_id(name), None)  # re-registration: no "overriding" warning
+    gym.register(
+        id=task_id(name),
+        entry_point=_TABLETOP_ENTRY_POINT,
+        kwargs={"task": name},
+        max_episode_steps=cls.episode_steps,
+    )
+    return cls
 
 
-_register()
+def unregister_task(task: str) -> None:
+    """Remove a registered tabletop task (and its Gymnasium id), e.g. a test's own task."""
+    name = get_task(task).name
+    del _TASKS[name]
+    gym.registry.pop(task_id(name), None)
+
+
+def get_task(task: str) -> type[Task]:
+    """The registered ``Task`` class of a tabletop task name or id (``embodied/<name>-v0``)."""
+    name = task.removeprefix("embodied/").removesuffix("-v0")
+    if name not in _TASKS:
+        raise ValueError(
+            f"unknown task {task!r}; available: {', '.join(_TASKS)}, "
+            f"or '{METAWORLD_PREFIX}<name>' for Meta-World"
+        )
+    return _TASKS[name]
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _check_task_class(cls: Any) -> None:
+    """Refuse what is not a complete ``Task`` subclass, naming the missing or bad attribute."""
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise TypeError(f"register_task takes a subclass of {_qualname(Task)}, got {cls!r}")
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise TypeError(f"{_qualname(cls)} does not implement {missing}")
+    where = _qualname(cls)
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"{where}.name must be an identifier like 'PickPlace', got {name!r}")
+    for attr in ("stages", "templates"):
+        value = getattr(cls, attr, None)
+        if not (isinstance(value, tuple) and value and all(isinstance(v, str) for v in value)):
+            raise ValueError(f"{where}.{attr} must be a non-empty tuple of str, got {value!r}")
+    steps = getattr(cls, "episode_steps", None)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"{where}.episode_steps must be a positive int, got {steps!r}")
 
 
 def suite_of(task: str) -> str:
@@ -49,9 +104,10 @@ def suite_of(task: str) -> str:
 
 
 def list_tasks(suite: str = "tabletop") -> list[str]:
-    """Task names of a suite: ``tabletop`` (built in) or ``metaworld`` (needs the extra)."""
+    """Task names of a suite: ``tabletop`` (registered tasks, the built-in ones first) or
+    ``metaworld`` (needs the extra)."""
     if suite == "tabletop":
-        return list(TABLETOP_TASKS)
+        return list(_TASKS)
     if suite == "metaworld":
         from embodied.sims.metaworld import metaworld_tasks
 
@@ -66,13 +122,7 @@ def make(task: str, **kwargs: Any) -> gym.Env:
         if "max_episode_steps" in kwargs:
             kwargs["max_path_length"] = kwargs.pop("max_episode_steps")
         return gym.make("embodied/MetaWorld-v0", task=task[len(METAWORLD_PREFIX) :], **kwargs)
-    name = task.removeprefix("embodied/").removesuffix("-v0")
-    if name not in TABLETOP_TASKS:
-        raise ValueError(
-            f"unknown task {task!r}; available: {', '.join(TABLETOP_TASKS)}, "
-            f"or '{METAWORLD_PREFIX}<name>' for Meta-World"
-        )
-    return gym.make(task_id(name), **kwargs)
+    return gym.make(task_id(get_task(task).name), **kwargs)
 
 
 class ScriptedExpert:

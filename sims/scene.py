@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import mujoco
 import numpy as np
+
+if TYPE_CHECKING:  # MuJoCo itself is imported by the envs: task modules import this one cheaply
+    import mujoco
 
 ASSET = Path(__file__).parent / "assets" / "tabletop.xml"
 
@@ -39,9 +42,9 @@ class Scene:
         # Views of MjData's buffers (MuJoCo updates them in place): cheaper than attribute lookups.
         self.qpos, self.mocap_pos = data.qpos, data.mocap_pos
         self.xpos, self.geom_xpos = data.xpos, data.geom_xpos
-        body = lambda name: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)  # noqa: E731
-        joint = lambda name: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)  # noqa: E731
-        geom = lambda name: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, name)  # noqa: E731
+        body = lambda name: model.body(name).id  # noqa: E731
+        joint = lambda name: model.joint(name).id  # noqa: E731
+        geom = lambda name: model.geom(name).id  # noqa: E731
 
         self.arm_qpos = np.array([model.jnt_qposadr[joint(f"robot_{a}")] for a in "xyz"])
         assert np.array_equal(np.diff(self.arm_qpos), [1, 1]), "gantry joints must be consecutive"

@@ -13,6 +13,7 @@ Observations follow LeRobot's gym-env convention: ``pixels`` (one image, or a di
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -21,15 +22,18 @@ import numpy as np
 
 from embodied.sims.conventions import (
     BlowUpDetector,
+    EpisodeGuard,
     action_space,
     check_options,
     checked_action,
+    checked_cameras,
     image_shape,
     observation_space,
 )
+from embodied.sims.registry import get_task
 from embodied.sims.render import CameraRenderer, set_render_quality
 from embodied.sims.scene import ASSET, BLOCKS, BUTTONS, FINGER_MAX, PLATES, Scene
-from embodied.sims.tasks import TASKS, Task
+from embodied.sims.tasks.base import Task
 
 CAMERAS = ("front", "wrist")
 WORKSPACE_LOW = np.array([-0.3, -0.28, 0.015])
@@ -49,8 +53,8 @@ class TabletopEnv(gym.Env):
         self,
         task: str | Task = "PickPlace",
         obs_mode: str = "pixels",
-        cameras: tuple[str, ...] | list[str] | str = ("front",),
-        image_size: int | tuple[int, int] = 96,
+        cameras: Sequence[str] = ("front",),
+        image_size: int | Sequence[int] = 96,
         render_mode: str | None = "rgb_array",
         fast_render: bool = True,
         frame_skip: int = 5,
@@ -59,14 +63,9 @@ class TabletopEnv(gym.Env):
         goal_cycle: bool = False,
     ) -> None:
         if isinstance(task, str):
-            if task not in TASKS:
-                raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
-            task = TASKS[task]()
+            task = get_task(task)()
         check_options(obs_mode, render_mode)
-        cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
-        unknown = [c for c in cameras if c not in CAMERAS]
-        if unknown or not cameras:
-            raise ValueError(f"cameras must be a non-empty subset of {CAMERAS}, got {cameras}")
+        cameras = checked_cameras(cameras, CAMERAS)
         height, width = image_shape(image_size)
 
         self.task, self.obs_mode, self.cameras = task, obs_mode, cameras
@@ -82,6 +81,7 @@ class TabletopEnv(gym.Env):
         self.scene = Scene(self.model, self.data)
         self._renderer = CameraRenderer(self.model, height, width)
         self._blow_up = BlowUpDetector(self.model, self.data, frame_skip)
+        self._guard = EpisodeGuard()
         self._ctrl = self.data.ctrl  # a view of MjData's buffer
         self._geom_class = self._classify_geoms()
         self._robot_geom = self._geom_class == _ROBOT
@@ -121,11 +121,13 @@ class TabletopEnv(gym.Env):
         self.task.on_reset(self.scene, self.goal)
         mujoco.mj_forward(self.model, self.data)
         self._steps = 0
+        self._guard.update(terminated=False, truncated=False)
         evaluation = self.task.evaluate(self.scene, self.goal)
         return self._observation(), self._info(evaluation, collisions=0)
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Apply one 4-D action for ``frame_skip`` physics steps."""
+        self._guard.check()
         action = checked_action(action)
 
         ctrl = self._ctrl
@@ -142,11 +144,13 @@ class TabletopEnv(gym.Env):
             info = self._info(self.task.evaluate(self.scene, self.goal), collisions=0)
             info["success"] = False
             info["error"] = error
+            self._guard.update(terminated=False, truncated=True)
             return self._observation(), 0.0, False, True, info
 
         evaluation = self.task.evaluate(self.scene, self.goal)
         reward = float(evaluation.success)
         terminated = bool(evaluation.success and self.terminate_on_success)
+        self._guard.update(terminated, truncated=False)
         info = self._info(evaluation, collisions=self._count_collisions())
         return self._observation(), reward, terminated, False, info
 
@@ -173,11 +177,12 @@ class TabletopEnv(gym.Env):
         """The scripted expert's action for the current state (privileged information).
 
         ``goal`` overrides the episode's goal: the expert then follows a different instruction.
+        The task's command is a displacement in metres; dividing by ``action_scale`` and clipping
+        gives full speed when far and an exact stop on the target when close.
         """
-        from embodied.sims.experts import expert_action
-
-        goal = self.goal if goal is None else goal
-        return expert_action(self.task, self.scene, goal, self.action_scale).astype(np.float32)
+        command = self.task.expert(self.scene, self.goal if goal is None else goal)
+        command[:3] /= self.action_scale
+        return np.clip(command, -1.0, 1.0).astype(np.float32)
 
     # --- internals -----------------------------------------------------------------------------
     def _observation(self) -> dict[str, Any]:

@@ -4,15 +4,18 @@ scripted experts, instructions, stages, collisions, observations, input validati
 from __future__ import annotations
 
 import itertools
+import re
 import warnings
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import check_env
 
 import embodied.sims as sims
+from embodied.sims.tasks.reach import Reach
 
 TASKS = sims.list_tasks()
 MULTI_GOAL_TASKS = [t for t in TASKS if t != "DrawerOpen"]
@@ -94,7 +97,7 @@ def test_make_returns_time_limited_env():
     env = sims.make("embodied/Reach-v0", obs_mode="state")
     try:
         assert env.spec.id == "embodied/Reach-v0"
-        assert env.spec.max_episode_steps == sims.TABLETOP_TASKS["Reach"]
+        assert env.spec.max_episode_steps == Reach.episode_steps
         assert env.unwrapped.task.name == "Reach"
     finally:
         env.close()
@@ -414,6 +417,62 @@ def test_invalid_env_kwargs_are_rejected():
         sims.make("Reach", cameras=("top",))
 
 
+@pytest.mark.parametrize(
+    "image_size", [0, 4, 5000, -96, 32.0, True, "96", (32,), (32, 0), (32, 32, 3)]
+)
+def test_impossible_image_size_is_rejected(image_size):
+    with pytest.raises(ValueError, match=r"image_size must be .* in \[8, 4096\] pixels, got"):
+        sims.make("Reach", image_size=image_size)
+
+
+def test_image_size_accepts_an_int_or_a_pair():
+    for image_size, shape in [(8, (8, 8)), (np.int64(24), (24, 24)), ([16, 24], (16, 24))]:
+        env = sims.make("Reach", image_size=image_size)
+        assert env.observation_space["pixels"].shape == (*shape, 3)
+        env.close()
+
+
+@pytest.mark.parametrize(
+    ("cameras", "problem"),
+    [
+        ("front", r"a list of names is needed \(one camera: \['front'\]\)"),
+        (("front", "front"), r"repeated: \['front'\]"),
+        (("front", "top"), r"unknown: \['top'\]"),
+        ((), "no camera given"),
+    ],
+)
+def test_bad_cameras_are_rejected(cameras, problem):
+    with pytest.raises(ValueError, match=r"cameras must be .* from \['front', 'wrist'\]") as error:
+        sims.make("Reach", cameras=cameras)
+    assert re.search(problem, str(error.value))
+
+
+def test_step_before_reset_or_after_the_end_needs_a_reset():
+    env = sims.make("Reach", obs_mode="state")
+    try:
+        with pytest.raises(ResetNeeded, match=r"before calling env\.reset\(\)"):
+            env.unwrapped.step(np.zeros(4, dtype=np.float32))  # past the OrderEnforcing wrapper
+        obs, _ = env.reset(seed=0)
+        infos = run_until_done(env, sims.make_expert(env), obs)
+        assert infos[-1]["success"]
+        for stepper in (env, env.unwrapped):
+            with pytest.raises(ResetNeeded, match=r"after the episode ended \(terminated=True\)"):
+                stepper.step(np.zeros(4, dtype=np.float32))
+        env.reset(seed=1)
+        env.step(np.zeros(4, dtype=np.float32))
+    finally:
+        env.close()
+
+
+def test_step_after_a_blow_up_needs_a_reset(state_env, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MuJoCo appends its warning to ./MUJOCO_LOG.TXT
+    state_env.reset(seed=0)
+    state_env.unwrapped.data.qvel[:] = 1e12
+    assert state_env.step(np.zeros(4, dtype=np.float32))[3]
+    with pytest.raises(ResetNeeded, match=r"truncated=True"):
+        state_env.step(np.zeros(4, dtype=np.float32))
+
+
 def test_wrong_action_shape_is_rejected(state_env):
     state_env.reset(seed=0)
     with pytest.raises(ValueError, match=r"\(3,\)"):
@@ -477,6 +536,21 @@ def test_physics_blow_up_in_one_vector_env_spares_the_other(tmp_path, monkeypatc
 
 
 # --- 9. Vector envs -------------------------------------------------------------------------------
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_vector_env_refuses_a_wrong_number_of_actions(asynchronous):
+    vec = sims.make_vec_env("Reach", 2, asynchronous=asynchronous, obs_mode="state")
+    try:
+        vec.reset(seed=[0, 1])
+        for actions in (np.zeros((3, 4), np.float32), [np.zeros(4, np.float32)]):
+            with pytest.raises(ValueError, match=f"got {len(actions)} actions for 2 envs"):
+                vec.step(actions)
+        with pytest.raises(ValueError, match="a batch of 2 actions"):
+            vec.step(0.0)
+        assert vec.step(np.zeros((2, 4), np.float32))[1].shape == (2,)  # still usable
+    finally:
+        vec.close()
+
+
 def test_grouped_seeds():
     assert sims.grouped_seeds([3, 7], 2) == [3, 3, 7, 7]
     assert sims.grouped_seeds([5], 1) == [5]
