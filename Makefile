@@ -36,7 +36,7 @@ $(LATEST)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(BIN)/embodied demo configs/demo.yaml
+	$(BIN)/embodied demo
 
 # pytest, where exit code 5 (no tests collected) is a failure.
 pytest = $(1)/bin/python -m pytest -q $(2); rc=$$?; \
@@ -56,6 +56,7 @@ test-mujoco-latest: $(LATEST)/.installed
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	LINT_IMPORTS=$(abspath $(BIN))/lint-imports .ci/lint-imports
 
 format: install
 	$(BIN)/ruff format .

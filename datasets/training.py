@@ -57,8 +57,8 @@ class BCDataset(Dataset):
     def __init__(
         self,
         dataset: LeRobotDataset,
-        n_obs_steps: int = 2,
-        horizon: int = 16,
+        n_obs_steps: int,
+        horizon: int,
         episodes: Sequence[int] | None = None,
         cache_size: int | None = None,
         keys: Sequence[str] | None = None,

@@ -505,6 +505,11 @@ class DiffusionPolicy(NormalizedPolicy):
         return config_observation_spec(self.config)
 
     @property
+    def bc_horizon(self) -> int:
+        """The predicted chunk: ``horizon`` actions."""
+        return self.config.horizon
+
+    @property
     def action_spec(self) -> ActionSpec:
         """``n_action_steps`` actions per decision."""
         return ActionSpec(self.config.action_dim, self.config.n_action_steps)

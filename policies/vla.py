@@ -521,6 +521,11 @@ class VLAPolicy(Policy):
         )
 
     @property
+    def bc_horizon(self) -> int:
+        """``horizon`` actions per window."""
+        return self.config.horizon
+
+    @property
     def action_spec(self) -> ActionSpec:
         """``n_action_steps`` decoded actions per decision."""
         return ActionSpec(self.config.action_dim, self.config.n_action_steps)

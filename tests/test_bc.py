@@ -12,7 +12,8 @@ from embodied.apps.collect import CollectConfig, run_collect
 from embodied.core.run import read_metrics
 from embodied.policies import Policy
 from embodied.train.bc import BCConfig, train_bc
-from embodied.train.common import OptimConfig, latest_checkpoint, make_optimizer
+from embodied.train.checkpoints import latest_checkpoint
+from embodied.train.optim import OptimConfig, make_optimizer
 
 
 @pytest.fixture(scope="module")

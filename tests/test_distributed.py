@@ -53,7 +53,7 @@ def test_local_trajectories_do_not_depend_on_the_batch() -> None:
         first.observations["agent_pos"][0], second.observations["agent_pos"][0]
     )
     assert not np.allclose(first.actions, second.actions)
-    with pytest.raises(ValueError, match="distributed.backend must be one of"):
+    with pytest.raises(ValueError, match="config key 'backend' = 'mpi': expected one of"):
         make_rollouts(DistributedConfig(backend="mpi"), "Reach", ENV, policy, 1)
 
 

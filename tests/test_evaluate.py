@@ -183,7 +183,7 @@ def test_eval_refuses_bad_input_before_any_rollout(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()  # refused before a run directory or rollout
     with pytest.raises(ValueError, match="has no config.json"):
         run_eval(EvalConfig(policy=str(tmp_path / "nothing"), out=str(tmp_path / "r")))
-    with pytest.raises(ValueError, match=r"videos must be in \[0, episodes=2\]"):
+    with pytest.raises(ValueError, match="videos = 3: expected at most episodes = 2"):
         run_eval(EvalConfig(episodes=2, videos=3, out=str(tmp_path / "r")))
 
 

@@ -331,7 +331,7 @@ def test_train_reward_end_to_end(labelled_reach: Path, tmp_path: Path) -> None:
 
 
 def test_resume_continues_exactly(labelled_reach: Path, tmp_path: Path) -> None:
-    from embodied.train.common import latest_checkpoint
+    from embodied.train.checkpoints import latest_checkpoint
     from embodied.train.reward import train_reward
 
     full = train_reward(_train_config(labelled_reach, tmp_path / "a", steps=20, eval_every=10))

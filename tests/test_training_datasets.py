@@ -61,7 +61,7 @@ def test_bc_windows_decode_only_the_requested_features(dataset: LeRobotDataset) 
         assert torch.equal(item[key], full_item[key])
     assert item["instruction"] == full_item["instruction"]
     with pytest.raises(ValueError, match="observation.depth"):
-        BCDataset(dataset, keys=["observation.depth"])
+        BCDataset(dataset, 2, 8, keys=["observation.depth"])
 
 
 def test_bc_rejects_a_horizon_shorter_than_the_history(dataset: LeRobotDataset) -> None:

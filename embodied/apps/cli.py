@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -166,80 +167,36 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_note(args: argparse.Namespace):
-    """Progress lines on stderr while benchmarking (none when the output is JSON)."""
-    if args.json:
-        return None
-    return lambda what: print(f"benchmarking {what} ...", file=sys.stderr, flush=True)
-
-
-def _print_rows(rows: list, as_json: bool) -> int:
-    """Bench rows as a table, or as JSON with ``--json``."""
-    from embodied.apps.bench import format_table
-
-    print(json.dumps([r.as_dict() for r in rows], indent=2) if as_json else format_table(rows))
-    return 0
-
-
 def _cmd_bench(args: argparse.Namespace) -> int:
-    """Run ``embodied.apps.bench.<args.bench_function>`` with the command-line options of the same
-    names (lists become tuples where the function's default is a tuple)."""
-    import inspect
-
     from embodied.apps import bench
 
-    run = getattr(bench, args.bench_function)
-    kwargs = {}
-    for name, param in inspect.signature(run).parameters.items():
-        if name != "progress":
-            value = getattr(args, name)
-            kwargs[name] = tuple(value) if isinstance(param.default, tuple) else value
-    return _print_rows(run(**kwargs, progress=_bench_note(args)), args.json)
+    def note(what: str) -> None:  # progress lines on stderr (none with JSON output)
+        print(f"benchmarking {what} ...", file=sys.stderr, flush=True)
 
-
-def _cmd_bench_all(args: argparse.Namespace) -> int:
-    """Every table, at settings that finish in minutes on a 2-core CPU."""
-    import time
-
-    from embodied.apps import bench
-
-    note = _bench_note(args)
-    start = time.perf_counter()
-    tables = {
-        "sim": lambda: bench.bench_sim(resolutions=(64, 128), steps=200, repeats=3, progress=note),
-        "collect": lambda: bench.bench_collect(episodes=4, repeats=2, progress=note),
-        "dataset": lambda: bench.bench_dataset(episodes=4, repeats=3, progress=note),
-        "policy": lambda: bench.bench_policy(decisions=3, repeats=3, progress=note),
-        "reward": lambda: bench.bench_reward(frames=50, repeats=3, progress=note),
-        "train": lambda: bench.bench_train(image_size=64, batch_size=16, steps=2, progress=note),
-        "rollout": lambda: bench.bench_rollout(episodes=4, repeats=2, progress=note),
-    }
-    results = {name: [r.as_dict() for r in run()] for name, run in tables.items()}
-    seconds = time.perf_counter() - start
-    if args.json:
-        print(json.dumps({"seconds": seconds, **results}, indent=2))
-        return 0
-    for name, rows in results.items():
-        print(f"## bench {name}\n")
-        print(bench.format_dicts(rows) + "\n")
-    print(f"all benchmarks in {seconds:.0f} s")
+    print(bench.run(args, None if args.json else note))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for tests and documentation)."""
+def build_parser(benches: bool = True) -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and documentation); ``benches=False`` leaves the
+    ``bench`` targets out, whose modules import torch and the simulators (seconds at start)."""
     parser = argparse.ArgumentParser(
         prog="embodied",
         description="Embodied and vision-language trajectory learning toolkit.",
     )
     parser.add_argument("--version", action="version", version=f"embodied {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (EMBODIED_DEBUG=1)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     demo = sub.add_parser(
         "demo",
         help="the whole pipeline: demos, reward model, BC, GRPO, before/after report",
     )
-    demo.add_argument("config", nargs="?", default=None, help="YAML config (configs/demo.yaml)")
+    demo.add_argument(
+        "config", nargs="?", default=None, help="YAML config (default: the built-in recipe)"
+    )
     demo.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.iterations=30")
     demo.add_argument("--out", default=None, help="root directory for the run (default: runs)")
     demo.add_argument(
@@ -333,95 +290,50 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="speed benchmarks with in-run baselines")
     bench_sub = bench.add_subparsers(dest="target", metavar="TARGET", required=True)
-    sim = bench_sub.add_parser("sim", help="env steps/s vs raw mj_step, state and cameras")
-    sim.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    sim.add_argument("--tasks", nargs="+", default=None, help="tabletop tasks (default: all)")
-    sim.add_argument("--resolutions", nargs="+", type=int, default=[64, 96, 128, 224])
-    sim.add_argument("--steps", type=int, default=300, help="env steps per timed run")
-    sim.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
-    sim.add_argument(
-        "--no-metaworld", dest="metaworld", action="store_false", help="skip Meta-World rows"
-    )
-    sim.set_defaults(func=_cmd_bench, bench_function="bench_sim")
-    coll = bench_sub.add_parser("collect", help="collection episodes/min and frames/s per worker")
-    coll.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    coll.add_argument("--task", default="PickPlace")
-    coll.add_argument("--workers", nargs="+", type=int, default=[1, 2])
-    coll.add_argument("--episodes", type=int, default=8, help="episodes per timed run")
-    coll.add_argument("--image-size", type=int, default=96)
-    coll.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
-    coll.set_defaults(func=_cmd_bench, bench_function="bench_collect")
-    data = bench_sub.add_parser("dataset", help="LeRobot dataset reads vs raw video decode")
-    data.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    data.add_argument("--task", default="PickPlace")
-    data.add_argument("--episodes", type=int, default=8, help="episodes collected and read")
-    data.add_argument("--image-size", type=int, default=64)
-    data.add_argument("--repeats", type=int, default=3, help="timed reads per figure (median)")
-    data.set_defaults(func=_cmd_bench, bench_function="bench_dataset")
-    pol = bench_sub.add_parser("policy", help="policy sampling: decisions/s and actions/s")
-    pol.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    pol.add_argument("--image-size", type=int, default=64)
-    pol.add_argument("--batches", nargs="+", type=int, default=[1, 16])
-    pol.add_argument("--decisions", type=int, default=5, help="act() calls per timed run")
-    pol.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
-    pol.add_argument(
-        "--policy", dest="policy_dirs", nargs="*", default=[], help="saved policy dirs to add"
-    )
-    pol.add_argument(
-        "--device", default="cpu", help="cpu, cuda, cuda:N or auto (CUDA when available)"
-    )
-    pol.set_defaults(func=_cmd_bench, bench_function="bench_policy")
-    rew = bench_sub.add_parser("reward", help="reward-model scoring frames/s, batched vs one clip")
-    rew.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    rew.add_argument("--image-size", type=int, default=64)
-    rew.add_argument("--batches", nargs="+", type=int, default=[1, 16])
-    rew.add_argument("--frames", type=int, default=100, help="frames per clip (a rollout)")
-    rew.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
-    rew.add_argument(
-        "--model", dest="model_dirs", nargs="*", default=[], help="saved reward model dirs to add"
-    )
-    rew.add_argument(
-        "--device", default="cpu", help="cpu, cuda, cuda:N or auto (CUDA when available)"
-    )
-    rew.set_defaults(func=_cmd_bench, bench_function="bench_reward")
-    trn = bench_sub.add_parser("train", help="training steps/s, glibc malloc default vs kept")
-    trn.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    trn.add_argument("--image-size", type=int, default=96)
-    trn.add_argument("--batch-size", type=int, default=32)
-    trn.add_argument("--steps", type=int, default=3, help="training steps per timed run")
-    trn.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
-    trn.add_argument(
-        "--device", default="cpu", help="cpu, cuda, cuda:N or auto (CUDA when available)"
-    )
-    trn.set_defaults(func=_cmd_bench, bench_function="bench_train")
-    rol = bench_sub.add_parser("rollout", help="GRPO-style rollouts: sync vs async vs Ray")
-    rol.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    rol.add_argument("--task", default="PickPlace")
-    rol.add_argument("--envs", type=int, default=4, help="envs per backend")
-    rol.add_argument("--episodes", type=int, default=8, help="episodes per timed run")
-    rol.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
-    rol.add_argument("--ray-workers", type=int, default=2, help="Ray actors (when installed)")
-    rol.set_defaults(func=_cmd_bench, bench_function="bench_rollout")
-    every = bench_sub.add_parser("all", help="every table above, at quick settings")
-    every.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    every.set_defaults(func=_cmd_bench_all)
+    if benches:
+        from embodied.apps.bench import add_parsers  # imports torch: only for `embodied bench`
+
+        add_parsers(bench_sub)
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 
+# What a user's mistake or a failing machine raises (bad values, files, disk, a diverging run):
+# one line, no traceback. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, OSError, FloatingPointError, RuntimeError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``embodied`` console script."""
-    parser = build_parser()
+    """Entry point of the ``embodied`` console script. An expected failure is one line,
+    ``embodied <command>: error: <what>``, and exit status 2; ``--debug`` (or
+    ``EMBODIED_DEBUG=1``) shows the traceback; Ctrl-C exits 130 and a closed pipe quietly."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("EMBODIED_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    parser = build_parser(benches="bench" in argv[:1])
     if argv[:2] == ["eval", "reward"]:  # `embodied eval reward ...` is the reward evaluation
         argv = ["eval-reward", *argv[2:]]
     args = parser.parse_args(argv)
     keep_freed_memory()  # glibc: reuse freed tensor buffers instead of page-faulting them in
     if getattr(args, "config", None) and "=" in args.config:
         args.overrides, args.config = [args.config, *args.overrides], None
+    command = " ".join([args.command, *(getattr(args, k) for k in ("algorithm", "target")
+                                         if getattr(args, k, None))])  # fmt: skip
     try:
         return args.func(args)
-    except ValueError as error:  # bad input: a clear message, no traceback
-        print(f"embodied {args.command}: error: {error}", file=sys.stderr)
+    except BrokenPipeError:  # `embodied dataset info | head`: the reader left, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"embodied {command}: interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as error:
+        if debug:
+            raise
+        message = " ".join(str(error).split()) or type(error).__name__
+        print(f"embodied {command}: error: {message}", file=sys.stderr)
         return 2
 
 

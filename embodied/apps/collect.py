@@ -19,7 +19,12 @@ from typing import Any
 
 import numpy as np
 
+import embodied.sims as sims
+from embodied.core.config import SEED_MAX, seed_setting, setting, validate
 from embodied.core.run import progress
+from embodied.datasets import LeRobotDatasetWriter
+from embodied.rewards.labels import rewind, rewind_split
+from embodied.rollout.episodes import RECORDS, ExpertActor, RandomActor, rollout_vector
 
 POLICIES = ("expert", "random")
 
@@ -29,24 +34,41 @@ class CollectConfig:
     """What ``embodied collect`` records; every field can be overridden as ``key=value``."""
 
     task: str = "PickPlace"
-    policy: str = "expert"
-    episodes: int = 10
+    policy: str = setting("expert", choices=POLICIES)
+    episodes: int = setting(10, low=1)
     out: str = "data/collect"
-    noise: float = 0.0
-    record: str = "executed"  # "expert": execute the noisy action, record the clean one (DART)
-    seed: int = 0
-    workers: int = 1
-    image_size: int = 96
+    noise: float = setting(0.0, low=0.0)  # std of Gaussian action noise
+    # "expert": execute the noisy action, record the clean one (DART)
+    record: str = setting("executed", choices=RECORDS)
+    seed: int = seed_setting()
+    workers: int = setting(1, low=1)
+    image_size: int = setting(96, low=8, high=4096)
     cameras: list[str] = field(default_factory=lambda: ["front"])
     obs_mode: str = "pixels_state"
-    cutoff: float = 0.0
-    rewind: float = 0.0
+    cutoff: float = setting(0.0, low=0.0, high=1.0)  # share of episodes cut before success
+    rewind: float = setting(0.0, low=0.0, high=1.0)  # share of successes also stored rewound
     lossless: bool = False
-    fps: int = 16
+    fps: int = setting(16, low=1)
     goal_cycle: bool = False  # tabletop: seed s = layout s // G with goal s % G (every goal)
     # End an episode at its first success (the tabletop default; Meta-World would run on to 500
     # steps and may undo the success, which then no longer counts for the episode).
     terminate_on_success: bool = True
+
+    def check(self) -> None:
+        """A known task, seeds that stay in range, DART labels only from the expert."""
+        if not self.task.startswith("metaworld/") and self.task not in sims.list_tasks():
+            raise ValueError(
+                f"unknown task {self.task!r}; available: {', '.join(sims.list_tasks())}"
+            )
+        if self.seed + self.episodes - 1 > SEED_MAX:
+            raise ValueError(
+                f"seed = {self.seed}: episodes use seeds up to seed + episodes - 1, which must be "
+                f"<= {SEED_MAX}"
+            )
+        if self.record == "expert" and self.policy != "expert":
+            raise ValueError(
+                f"record='expert' labels frames with the expert; policy is {self.policy!r}"
+            )
 
 
 @dataclass
@@ -71,37 +93,10 @@ class CollectSummary:
         )
 
 
-def check_config(cfg: CollectConfig) -> None:
-    """Reject bad settings before any env is built, naming the setting."""
-    import embodied.sims as sims
-    from embodied.rollout.episodes import RECORDS
-
-    if cfg.policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {cfg.policy!r}")
-    if not cfg.task.startswith("metaworld/") and cfg.task not in sims.list_tasks():
-        raise ValueError(f"unknown task {cfg.task!r}; available: {', '.join(sims.list_tasks())}")
-    for name in ("episodes", "workers", "image_size", "fps"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    for name in ("cutoff", "rewind"):
-        if not 0.0 <= getattr(cfg, name) <= 1.0:
-            raise ValueError(f"{name} must be a fraction in [0, 1], got {getattr(cfg, name)}")
-    if cfg.noise < 0:
-        raise ValueError(f"noise must be >= 0, got {cfg.noise}")
-    if cfg.record not in RECORDS:
-        raise ValueError(f"record must be one of {RECORDS}, got {cfg.record!r}")
-    if cfg.record == "expert" and cfg.policy != "expert":
-        raise ValueError(f"record='expert' labels frames with the expert; policy is {cfg.policy!r}")
-
-
 def run_collect(cfg: CollectConfig) -> CollectSummary:
     """Collect ``cfg.episodes`` episodes (seeds ``seed..seed+episodes-1``) into ``cfg.out``."""
-    import embodied.sims as sims
-    from embodied.datasets import LeRobotDatasetWriter
-    from embodied.rewards.labels import rewind, rewind_split
-    from embodied.rollout.episodes import rollout_vector
 
-    check_config(cfg)
+    validate(cfg)
     rng = np.random.default_rng(cfg.seed)
     env_kwargs = {
         "obs_mode": cfg.obs_mode,
@@ -180,7 +175,6 @@ def _state_names(vec: Any, obs_mode: str) -> dict[str, list[str]]:
 
 def _policy(cfg: CollectConfig, vec: Any, rng: np.random.Generator) -> Callable[[Any], np.ndarray]:
     """Batched actions for every sub-env: the (noisy) scripted experts or uniform random."""
-    from embodied.rollout.episodes import ExpertActor, RandomActor
 
     if cfg.policy == "random":
         return RandomActor(vec, rng)

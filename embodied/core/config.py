@@ -5,11 +5,18 @@ defaults, an optional YAML file and dotted overrides such as ``train.lr=1e-4`` o
 ``sim.cameras=[front,wrist]`` with OmegaConf structured configs, and returns an instance of the
 dataclass with real Python types. Mistakes (an unknown key, a value of the wrong type, a missing
 file) raise ``ConfigError`` with a message that names the full dotted key and where it came from.
+
+Ranges live beside the defaults: ``setting(default, low=..., high=..., choices=...)`` declares a
+field and what it accepts, and ``validate(cfg)`` checks every declared range, every float for NaN
+and each dataclass's own cross-field ``check()``, naming the dotted key, the value and what is
+allowed. ``load_config`` validates what it builds and every job validates its config before it
+writes anything, so a bad value never costs a run directory or a rollout.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import types
@@ -30,7 +37,18 @@ from omegaconf.errors import (
 
 from embodied.core.io import atomic_write_text
 
-__all__ = ["ConfigError", "config_to_dict", "load_config", "save_config"]
+__all__ = [
+    "SEED_MAX",
+    "ConfigError",
+    "config_to_dict",
+    "load_config",
+    "save_config",
+    "seed_setting",
+    "setting",
+    "validate",
+]
+
+SEED_MAX = 2**32 - 1  # every seed, everywhere: what numpy, torch and Python all accept
 
 T = TypeVar("T")
 
@@ -71,10 +89,70 @@ def config_from(schema: type[T], values: Mapping[str, Any], source: str = "") ->
     return _build(cfg, schema)
 
 
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    low: float | None = None,
+    high: float | None = None,
+    choices: Sequence[Any] | None = None,
+) -> Any:
+    """A dataclass field with the range it accepts: ``low <= value <= high`` and/or one of
+    ``choices`` (checked by ``validate``)."""
+    metadata = {"low": low, "high": high, "choices": tuple(choices) if choices else None}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def seed_setting(default: int = 0) -> Any:
+    """A seed field: an int in [0, 2**32 - 1], the same bound for every seed of every job."""
+    return setting(default, low=0, high=SEED_MAX)
+
+
+def validate(cfg: Any, prefix: str = "") -> Any:
+    """Check a config dataclass (recursively): declared ranges and choices, no NaN or infinite
+    float, then its own ``check()`` for rules between fields. Raises ``ConfigError`` naming the
+    dotted key, the value and what is allowed; returns ``cfg``."""
+    for f in dataclasses.fields(cfg):
+        key, value = prefix + f.name, getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            validate(value, key + ".")
+            continue
+        _check_value(key, value, f.metadata)
+    check = getattr(cfg, "check", None)
+    if callable(check):
+        try:
+            check()
+        except ValueError as error:
+            message = str(error)
+            raise ConfigError(message if not prefix else f"{prefix[:-1]}: {message}") from None
+    return cfg
+
+
+def _check_value(key: str, value: Any, metadata: Mapping[str, Any]) -> None:
+    """One field against its declared range (module docstring)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config key '{key}' = {value!r}: expected a finite number")
+    choices, low, high = metadata.get("choices"), metadata.get("low"), metadata.get("high")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"config key '{key}' = {value!r}: expected one of {list(choices)}")
+    if low is None and high is None or isinstance(value, bool) or value is None:
+        return
+    if (
+        not isinstance(value, int | float)
+        or (low is not None and value < low)
+        or (high is not None and value > high)
+    ):
+        where = (
+            f"in [{low}, {high}]" if low is not None and high is not None
+            else f">= {low}" if low is not None else f"<= {high}"
+        )  # fmt: skip
+        raise ConfigError(f"config key '{key}' = {value!r} is out of range: expected {where}")
+
+
 def _build(cfg: DictConfig, schema: type[T]) -> T:
     """The dataclass instance of a merged config, with missing or bad values named."""
     try:
-        return typing.cast(T, OmegaConf.to_object(cfg))
+        return typing.cast(T, validate(OmegaConf.to_object(cfg)))
     except MissingMandatoryValue as error:
         raise ConfigError(f"config key '{error.full_key}' is required but was not set") from None
     except InterpolationResolutionError as error:

@@ -243,7 +243,7 @@ class ObjectStateEncoder(nn.Module):
 
     "red" in "reach the red block" and in ``block_red`` share one word vector, so picking the
     named object is a dot product. A flat MLP must learn that choice as a product of its inputs,
-    and from 200 demonstrations it memorises layouts instead (issue 4: held-out Reach 38% vs 86%
+    and from 200 demonstrations it memorises layouts instead (held-out Reach 38% vs 86%
     for the same regression head).
     """
 

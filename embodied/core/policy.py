@@ -135,6 +135,12 @@ class Policy(nn.Module, abc.ABC):
     def fit_normalizers(self, stats: Mapping[str, Mapping[str, Any]]) -> Policy:
         """Set the normalisation buffers from ``embodied.datasets.training.normalization_stats``."""
 
+    @property
+    def bc_horizon(self) -> int:
+        """Actions a behaviour-cloning window holds, from its oldest observation on: the whole
+        predicted chunk for a planner, the observation history for a one-step policy."""
+        return self.observation_spec.n_obs_steps
+
     def training_keys(self) -> list[str]:
         """The features a BC batch must hold: the observed ones, plus any a training-only loss
         reads (e.g. an auxiliary target). Never fed to ``act``."""

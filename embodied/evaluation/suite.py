@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 import embodied.sims as sims
+from embodied.core.config import SEED_MAX, seed_setting, setting, validate
 from embodied.core.policy import Policy
 from embodied.core.run import RunDir, progress, seed_everything
 from embodied.evaluation.report import write_eval_report
@@ -154,17 +155,24 @@ class EvalConfig:
     """What ``embodied eval`` runs; every field can be overridden as ``key=value``."""
 
     policy: str = "expert"  # a saved policy directory, "expert" or "random"
-    suite: str = "tabletop"
+    suite: str = setting("tabletop", choices=SUITES)
     tasks: list[str] = field(default_factory=list)  # empty: the whole suite (Meta-World: MT10)
-    episodes: int = 50
-    seed: int = 100_000  # held out: demonstrations use seeds from 0
-    videos: int = 1  # episodes per task saved as MP4 (with instruction and progress overlaid)
+    episodes: int = setting(50, low=1)
+    seed: int = seed_setting(100_000)  # held out: demonstrations use seeds from 0
+    videos: int = setting(1, low=0)  # episodes per task saved as MP4 (instruction, progress)
     sample: bool = False  # a saved policy samples as in RL rollouts instead of acting greedily
-    workers: int = 1
-    image_size: int = 128  # video size for state-only policies, expert and random
-    fps: int = 16
+    workers: int = setting(1, low=1)
+    image_size: int = setting(128, low=8, high=4096)  # video size for state-only policies
+    fps: int = setting(16, low=1)
     out: str = "runs"
     name: str = "eval"
+
+    def check(self) -> None:
+        """Videos of episodes that run, seeds that stay in range."""
+        if self.videos > self.episodes:
+            raise ValueError(f"videos = {self.videos}: expected at most episodes = {self.episodes}")
+        if self.seed + self.episodes - 1 > SEED_MAX:
+            raise ValueError(f"seed = {self.seed}: seed + episodes - 1 must be <= {SEED_MAX}")
 
 
 def suite_tasks(suite: str, tasks: Sequence[str] = ()) -> list[str]:
@@ -216,11 +224,7 @@ def _actor_factory(cfg: EvalConfig) -> tuple[Callable[[Any], Any], Any]:
 def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
     """Evaluate on every task; write ``results.json``, ``report.md``, plots, videos and
     ``report.html`` into a new run directory. Return the run and the per-task results."""
-    for name in ("episodes", "workers", "image_size", "fps"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    if not 0 <= cfg.videos <= cfg.episodes:
-        raise ValueError(f"videos must be in [0, episodes={cfg.episodes}], got {cfg.videos}")
+    validate(cfg)
     tasks = suite_tasks(cfg.suite, cfg.tasks)
     make_actor, policy = _actor_factory(cfg)
     env_kwargs = (

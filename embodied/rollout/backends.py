@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 import embodied.sims as sims
+from embodied.core.config import setting, validate
 from embodied.rollout.episodes import PolicyActor, rollout_vector
 
 BACKENDS = ("local", "ray")
@@ -36,11 +37,11 @@ BACKENDS = ("local", "ray")
 class DistributedConfig:
     """Where rollouts run; part of the GRPO/TPO configs as ``distributed.*``."""
 
-    backend: str = "local"
+    backend: str = setting("local", choices=BACKENDS)
     address: str = ""  # ray: "" = a private local instance, "auto" or ray://host:port = a cluster
-    workers: int = 2  # ray actors
-    envs_per_worker: int = 4
-    num_cpus: int = 0  # a private instance's CPUs; 0 = Ray's default (all)
+    workers: int = setting(2, low=1)  # ray actors
+    envs_per_worker: int = setting(4, low=1)
+    num_cpus: int = setting(0, low=0)  # a private instance's CPUs; 0 = Ray's default (all)
 
 
 def _rollout(vec: Any, policy: Any, seeds: Sequence[int], ids: Sequence[int], sample_seed: int,
@@ -196,11 +197,7 @@ def make_rollouts(
     cfg: DistributedConfig, task: str, env_kwargs: dict[str, Any], policy: Any, num_envs: int
 ) -> LocalRollouts | RayRollouts:
     """The configured backend (``num_envs`` is the local backend's vector size)."""
-    if cfg.backend not in BACKENDS:
-        raise ValueError(f"distributed.backend must be one of {BACKENDS}, got {cfg.backend!r}")
+    validate(cfg)
     if cfg.backend == "local":
         return LocalRollouts(task, env_kwargs, policy, num_envs)
-    for name in ("workers", "envs_per_worker"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"distributed.{name} must be >= 1, got {getattr(cfg, name)}")
     return RayRollouts(cfg, task, env_kwargs, policy)

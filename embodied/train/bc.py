@@ -8,24 +8,24 @@ held-out seeds and checkpoints -> the final policy via ``save_pretrained``.
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+import numpy as np
 
-from embodied.core.run import RunDir, progress, seed_everything
-from embodied.train.common import (
-    OptimConfig,
-    batch_indices,
-    collate,
-    latest_checkpoint,
-    load_checkpoint,
-    make_optimizer,
-    resolve_device,
-    save_checkpoint,
-    to_device,
-)
+from embodied.core.config import seed_setting, setting
+from embodied.core.policy import POLICIES, Policy
+from embodied.core.run import RunDir
+from embodied.datasets import LeRobotDataset
+from embodied.datasets.training import BCDataset, normalization_stats
+from embodied.evaluation.suite import evaluate_policy
+from embodied.rollout.matching import env_options
+from embodied.train.loop import Trainer, batch_indices, begin, collate, to_device
+from embodied.train.optim import OptimConfig
+
+MEMORY_SHARE = 0.5  # a batch may take at most this share of the machine's memory
 
 
 @dataclass
@@ -37,108 +37,92 @@ class BCConfig:
     out: str = "runs"
     policy: str = "diffusion"
     policy_overrides: dict[str, Any] = field(default_factory=dict)
-    n_obs_steps: int = 2
-    horizon: int = 16
-    steps: int = 3000
-    batch_size: int = 64
+    n_obs_steps: int | None = setting(None, low=1)  # None: the policy's own default
+    horizon: int | None = setting(None, low=1)  # actions per window; None: the policy's default
+    steps: int = setting(3000, low=1)
+    batch_size: int = setting(64, low=1)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    seed: int = 0
+    seed: int = seed_setting()
     device: str = "auto"
     eval_task: str = ""  # default: the task the dataset was recorded on
-    eval_every: int = 1000
-    eval_episodes: int = 10
-    eval_seed: int = 100_000  # held-out: collection uses small seeds
-    eval_workers: int = 1
-    save_every: int = 1000
-    log_every: int = 50
+    eval_every: int = setting(1000, low=1)
+    eval_episodes: int = setting(10, low=0)
+    eval_seed: int = seed_setting(100_000)  # held-out: collection uses small seeds
+    eval_workers: int = setting(1, low=1)
+    save_every: int = setting(1000, low=1)
+    log_every: int = setting(50, low=1)
     resume: str = ""  # a run directory to continue from its latest checkpoint
 
 
-def build_policy(cfg: BCConfig, dataset: Any) -> Any:
+def build_policy(cfg: BCConfig, dataset: LeRobotDataset) -> Policy:
     """The policy named by ``cfg.policy``, shaped by the dataset, normalised by its statistics."""
-    import embodied.policies  # noqa: F401  (registers the policy types)
-    from embodied.core.policy import POLICIES
-    from embodied.datasets.training import normalization_stats
+    import embodied.policies  # noqa: F401  (registers the built-in policy types)
 
     if cfg.policy not in POLICIES:
         raise ValueError(f"unknown policy {cfg.policy!r}; available: {', '.join(POLICIES)}")
     cls = POLICIES[cfg.policy]
-    overrides = {"n_obs_steps": cfg.n_obs_steps, **cfg.policy_overrides}
+    overrides = dict(cfg.policy_overrides)
+    if cfg.n_obs_steps is not None:
+        overrides.setdefault("n_obs_steps", cfg.n_obs_steps)
     config = cls.config_from_dataset(
         dataset.features, dataset.tasks, horizon=cfg.horizon, **overrides
     )
     policy = cls(config)
-    keys = [
-        k
-        for k in ("observation.state", "observation.environment_state", "action")
-        if k in dataset.stats
-    ]
+    keys = [k for k in ("observation.state", "observation.environment_state", "action")
+            if k in dataset.stats]  # fmt: skip
     policy.fit_normalizers(normalization_stats(dataset, keys))
     return policy
 
 
+def check_batch_memory(cfg: BCConfig, windows: BCDataset) -> None:
+    """Refuse a batch size whose batches cannot fit in this machine's memory, naming both."""
+    item = windows[0]
+    per_window = sum(v.numel() * v.element_size() for v in item.values() if hasattr(v, "numel"))
+    need = cfg.batch_size * per_window
+    total = (
+        os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
+    )
+    if total and need > MEMORY_SHARE * total:
+        raise ValueError(
+            f"batch_size = {cfg.batch_size} needs {need / 2**30:.1f} GiB per batch "
+            f"({per_window / 2**20:.2f} MiB a window); this machine has {total / 2**30:.0f} GiB: "
+            f"use at most {int(MEMORY_SHARE * total // per_window)}"
+        )
+
+
 def train_bc(cfg: BCConfig) -> RunDir:
     """Train, evaluate, checkpoint; return the run directory (final policy in ``policy/``)."""
-    from embodied.datasets import LeRobotDataset
-    from embodied.datasets.training import BCDataset
-    from embodied.evaluation.suite import evaluate_policy
-    from embodied.rollout.matching import env_options
-
-    seed_everything(cfg.seed)
-    device = resolve_device(cfg.device)
+    device = begin(cfg)
     dataset = LeRobotDataset(cfg.dataset)
     task = cfg.eval_task or dataset.episodes_table()[0]["task_name"]
-
     policy = build_policy(cfg, dataset).to(device)
-    windows = BCDataset(
-        dataset, n_obs_steps=cfg.n_obs_steps, horizon=cfg.horizon, keys=policy.training_keys()
-    )
+    spec = policy.observation_spec
+    windows = BCDataset(dataset, spec.n_obs_steps, policy.bc_horizon, keys=policy.training_keys())
+    check_batch_memory(cfg, windows)
     # Evaluation envs render only what the policy reads (no camera for a state-only policy).
-    env_kwargs = env_options(policy.observation_spec)
-    optimizer, scheduler = make_optimizer(policy.parameters(), cfg.optim, cfg.steps)
-    run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=cfg)
-    start = 0
-    checkpoint = latest_checkpoint(run.checkpoints) if cfg.resume else None
-    if checkpoint is not None:
-        start, _ = load_checkpoint(checkpoint, policy, optimizer, scheduler)
+    env_kwargs = env_options(spec)
 
-    with run.metrics() as metrics:
-        for step in progress(range(start, cfg.steps), total=cfg.steps - start, desc="bc"):
+    with Trainer(cfg, policy, cfg.steps) as trainer:
+        for step in trainer.steps("bc"):
             idx = batch_indices(len(windows), cfg.batch_size, cfg.seed, step)
             batch = to_device(collate([windows[int(i)] for i in idx]), device)
             loss = policy.bc_loss(batch)
-            if not torch.isfinite(loss):
-                actions = batch["action"].float()
-                raise FloatingPointError(
-                    f"non-finite BC loss at step {step} (batch actions mean "
-                    f"{actions.mean():.4g}, std {actions.std():.4g}); the last good checkpoint "
-                    f"is {latest_checkpoint(run.checkpoints)}"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.optim.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
+            trainer.update(loss, f"BC loss at step {step} (batch actions mean "
+                           f"{np.mean(batch['action'].float().cpu().numpy()):.4g})")  # fmt: skip
             if hasattr(policy, "ema_update"):
                 policy.ema_update()
-
             done = step + 1
-            if done % cfg.log_every == 0 or done == cfg.steps:
-                metrics.log({"bc/loss": loss.item(), "bc/lr": scheduler.get_last_lr()[0]}, done)
-            if cfg.eval_episodes > 0 and (done % cfg.eval_every == 0 or done == cfg.steps):
+            if trainer.due(done, cfg.log_every):
+                lr = trainer.scheduler.get_last_lr()[0]
+                trainer.metrics.log({"bc/loss": loss.item(), "bc/lr": lr}, done)
+            if cfg.eval_episodes > 0 and trainer.due(done, cfg.eval_every):
                 with policy.ema_weights() if hasattr(policy, "ema_weights") else nullcontext():
-                    result = evaluate_policy(
-                        policy,
-                        task,
-                        cfg.eval_episodes,
-                        cfg.eval_seed,
-                        env_kwargs,
-                        workers=cfg.eval_workers,
-                    )
-                metrics.log(result.metrics(), done)
-            if done % cfg.save_every == 0 or done == cfg.steps:
-                save_checkpoint(run.checkpoints, done, policy, optimizer, scheduler)
+                    result = evaluate_policy(policy, task, cfg.eval_episodes, cfg.eval_seed,
+                                             env_kwargs, workers=cfg.eval_workers)  # fmt: skip
+                trainer.metrics.log(result.metrics(), done)
+            if trainer.due(done, cfg.save_every):
+                trainer.save(done)
     if hasattr(policy, "adopt_ema"):
         policy.adopt_ema()  # the averaged weights are the ones evaluated and handed on
-    policy.save_pretrained(run.path / "policy")
-    return run
+    policy.save_pretrained(trainer.run.path / "policy")
+    return trainer.run

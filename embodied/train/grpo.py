@@ -43,33 +43,29 @@ from __future__ import annotations
 import copy
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from embodied.core.config import setting
 from embodied.core.reward import ProgressScore
-from embodied.core.run import RunDir, progress, seed_everything
-from embodied.rewards.models import REWARD_TYPES, PrivilegedProgress, make_reward_model
+from embodied.core.run import RunDir
+from embodied.rewards.models import PrivilegedProgress, make_reward_model
 from embodied.rewards.returns import TrajectoryScore
-from embodied.rollout.backends import DistributedConfig, make_rollouts
-from embodied.train.common import (
-    OptimConfig,
-    latest_checkpoint,
-    load_checkpoint,
-    make_optimizer,
-    resolve_device,
-)
+from embodied.rollout.backends import make_rollouts
+from embodied.train.loop import Trainer, begin
 from embodied.train.onpolicy import (
-    Iterations,
+    OnPolicyConfig,
     check_ratio,
     collect_decisions,
     element_log_probs,
     env_kwargs,
+    evaluate_online,
+    finish_iteration,
     load_policy,
     mean_stats,
-    optimizer_step,
     rollout_groups,
     trajectory_totals,
 )
@@ -78,75 +74,32 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "traj-mean", "holder")
 
 
 @dataclass
-class GRPOConfig:
-    """A GRPO run; every field can be overridden as ``key=value``."""
+class GRPOConfig(OnPolicyConfig):
+    """A GRPO run: the shared on-policy settings (``OnPolicyConfig``) and GRPO's own."""
 
-    policy: str = "???"  # a saved policy directory (e.g. a BC run's policy/)
-    task: str = "PickPlace"
     name: str = "grpo"
-    out: str = "runs"
-    policy_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. min_std, temperature
-    reward: str = "learned"  # learned | judge | privileged (progress labels) | success
-    reward_model: str = ""  # learned: a saved progress model; judge: a local VLM directory
-    reward_frames: int = 8  # observations the reward model scores per rollout (its clip_len)
     success_weight: float = 1.0
     progress_weight: float = 1.0
-    iterations: int = 20
-    groups: int = 4  # initial states per iteration
-    group_size: int = 8
-    keep_low: float = 0.1  # dynamic sampling: keep groups whose success rate is in [low, high]
-    keep_high: float = 0.9
-    max_refills: int = 2  # extra rounds of new initial states when groups were dropped
-    epochs: int = 2
-    minibatch_size: int = 64  # decisions per minibatch
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.0
-    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | traj-mean | holder
+    iterations: int = setting(20, low=1)
+    keep_low: float = setting(0.1, low=0.0, high=1.0)  # dynamic sampling: keep groups whose
+    keep_high: float = setting(0.9, low=0.0, high=1.0)  # success rate is in [low, high]
+    max_refills: int = setting(2, low=0)  # extra rounds of new initial states for dropped groups
+    minibatch_size: int = setting(64, low=1)  # decisions per minibatch
+    clip_low: float = setting(0.2, low=0.0)
+    clip_high: float = setting(0.28, low=0.0)
+    kl_coef: float = setting(0.0, low=0.0)
+    loss_agg: str = setting("token-mean", choices=AGGREGATIONS)
     holder_p: float = 1.0
-    adv_eps: float = 1e-6
-    ratio_tolerance: float = 1e-3
-    optim: OptimConfig = field(
-        default_factory=lambda: OptimConfig(lr=1e-5, weight_decay=0.0, warmup_steps=0)
-    )
-    num_envs: int = 0  # local sub-envs stepped together, one batched call; 0 = groups * group_size
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    eval_envs: int = 10  # evaluation sub-envs in one process, one batched policy call
-    seed: int = 0
-    train_seed: int = 10_000  # initial states for training; evaluation uses eval_seed..
-    eval_every: int = 5
-    eval_episodes: int = 20
-    eval_seed: int = 100_000
-    eval_sampled: bool = False  # also evaluate the sampling policy (what the update optimises)
+    adv_eps: float = setting(1e-6, low=0.0)
     monitor_warn: float = 0.3  # warn when the learned/privileged per-step correlation falls below
-    save_every: int = 5
-    device: str = "auto"
-    resume: str = ""
 
-
-def check_config(cfg: GRPOConfig) -> None:
-    """Refuse settings that cannot train, naming the key."""
-    if cfg.loss_agg not in AGGREGATIONS:
-        raise ValueError(f"loss_agg must be one of {AGGREGATIONS}, got {cfg.loss_agg!r}")
-    if cfg.reward not in REWARD_TYPES:
-        raise ValueError(f"reward must be one of {REWARD_TYPES}, got {cfg.reward!r}")
-    if cfg.reward in ("learned", "judge") and not cfg.reward_model:
-        raise ValueError(f"reward={cfg.reward} needs reward_model=<its directory>")
-    for name in ("iterations", "groups", "epochs", "minibatch_size", "eval_envs"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.group_size < 2:
-        raise ValueError(
-            f"group_size must be >= 2 (advantages compare a group), got {cfg.group_size}"
-        )
-    if not 0.0 <= cfg.keep_low <= cfg.keep_high <= 1.0:
-        raise ValueError(
-            f"need 0 <= keep_low <= keep_high <= 1, got {cfg.keep_low}, {cfg.keep_high}"
-        )
-    if cfg.clip_low < 0 or cfg.clip_high < 0:
-        raise ValueError(
-            f"clip_low and clip_high must be >= 0, got {cfg.clip_low}, {cfg.clip_high}"
-        )
+    def check(self) -> None:
+        """The shared rules, and a keep range that is a range."""
+        super().check()
+        if self.keep_low > self.keep_high:
+            raise ValueError(
+                f"keep_low = {self.keep_low} > keep_high = {self.keep_high}: no group could be kept"
+            )
 
 
 # --- the formulas (pure functions on tensors; the tests check them by hand) ------------------
@@ -273,9 +226,7 @@ def reward_correlation(learned: list[np.ndarray], privileged: list[np.ndarray]) 
 def train_grpo(cfg: GRPOConfig) -> RunDir:
     """Run GRPO; return the run directory (final policy in ``policy/``)."""
 
-    check_config(cfg)
-    seed_everything(cfg.seed)
-    device = resolve_device(cfg.device)
+    device = begin(cfg)
     policy = load_policy(cfg.policy, cfg.policy_overrides, device)
     policy.eval()  # no dropout: sampling and recomputation must see the same network
     reference = copy.deepcopy(policy).requires_grad_(False) if cfg.kl_coef > 0 else None
@@ -284,26 +235,16 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     # The monitor compares a model's progress with the simulator's, where the env records it.
     monitored = cfg.reward in ("learned", "judge")
     kwargs = env_kwargs(policy, reward_model)
-    # The schedule advances once per iteration (warm-up and cosine over iterations).
-    optimizer, scheduler = make_optimizer(policy.parameters(), cfg.optim, cfg.iterations)
-    run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=cfg)
-    start = 0
-    checkpoint = latest_checkpoint(run.checkpoints) if cfg.resume else None
-    if checkpoint is not None:
-        start, _ = load_checkpoint(checkpoint, policy, optimizer, scheduler)
-
     num_envs = cfg.num_envs or cfg.groups * cfg.group_size
-    rollouts = make_rollouts(cfg.distributed, cfg.task, kwargs, policy, num_envs)
-
     first_corr: float | None = None
-    try:
-        with run.metrics() as metrics:
-            steps = Iterations(
-                cfg, cfg.iterations, policy, kwargs, run, metrics, optimizer, scheduler
-            )
-            if start == 0 and cfg.eval_episodes > 0:
-                metrics.log(steps.evaluate(), 0)
-            for iteration in progress(range(start, cfg.iterations), desc="grpo"):
+    # The schedule advances once per iteration (warm-up and cosine over iterations).
+    with Trainer(cfg, policy, cfg.iterations) as trainer:
+        # After the checkpoint: Ray workers copy the weights they are built with.
+        rollouts = make_rollouts(cfg.distributed, cfg.task, kwargs, policy, num_envs)
+        try:
+            if trainer.start == 0 and cfg.eval_episodes > 0:
+                trainer.metrics.log(evaluate_online(cfg, policy, kwargs), 0)
+            for iteration in trainer.steps("grpo"):
                 log: dict[str, float] = {}
                 t0 = time.perf_counter()
                 # 1-3. roll out groups from fresh initial states, keep the informative ones
@@ -377,8 +318,8 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     log["update/skipped"] = 1.0
                     with warnings.catch_warnings():  # torch warns of a step without an update
                         warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
-                        scheduler.step()
-                    steps.finish(iteration + 1, log)
+                        trainer.scheduler.step()
+                    finish_iteration(trainer, kwargs, iteration + 1, log)
                     continue
                 # 4. group-normalised advantages, broadcast to every decision and element
                 returns = np.concatenate(kept_returns)
@@ -424,18 +365,16 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                             cfg.kl_coef,
                             (1.0 / elements[batch.trajectory]).to(device),
                         )
-                        st["grad_norm"] = optimizer_step(
-                            loss, policy, optimizer, cfg.optim.max_grad_norm,
-                            f"GRPO loss at iteration {iteration}", run.checkpoints,
-                        )  # fmt: skip
+                        where = f"GRPO loss at iteration {iteration}"
+                        st["grad_norm"] = trainer.update(loss, where, step_schedule=False)
                         stats.append(st)
-                scheduler.step()
+                trainer.scheduler.step()
                 log.update(mean_stats(stats))
                 log["time/update"] = time.perf_counter() - t2
-                log["update/lr"] = scheduler.get_last_lr()[0]
+                log["update/lr"] = trainer.scheduler.get_last_lr()[0]
                 rollouts.set_weights(policy)
-                steps.finish(iteration + 1, log)
-    finally:
-        rollouts.close()
-    policy.save_pretrained(run.path / "policy")
-    return run
+                finish_iteration(trainer, kwargs, iteration + 1, log)
+        finally:
+            rollouts.close()
+    policy.save_pretrained(trainer.run.path / "policy")
+    return trainer.run

@@ -1,24 +1,72 @@
-"""What the on-policy trainers (GRPO, TPO) share: the starting policy with RL overrides, env
-options, grouped rollouts that record every decision, the decisions flattened for minibatches,
-their log-probs recomputed with gradients, and the drift check before the first update."""
+"""What the on-policy trainers (GRPO, TPO) share: their common settings, the starting policy
+with RL overrides, env options, grouped rollouts that record every decision, the decisions
+flattened for minibatches, their log-probs recomputed with gradients, the drift check before the
+first update, and what ends an iteration (evaluation, the metrics line, a checkpoint)."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from embodied.core.config import seed_setting, setting
 from embodied.core.features import ObservationSpec
 from embodied.core.reward import RewardModel
+from embodied.evaluation.suite import evaluate_policy
+from embodied.policies import Policy
+from embodied.rewards.models import REWARD_TYPES
+from embodied.rollout.backends import DistributedConfig
+from embodied.rollout.episodes import decision_windows
+from embodied.rollout.matching import env_options
+from embodied.train.optim import OptimConfig
+
+
+def rl_optim() -> OptimConfig:
+    """RL fine-tuning's optimiser: a small constant-from-the-start rate, no weight decay."""
+    return OptimConfig(lr=1e-5, weight_decay=0.0, warmup_steps=0)
+
+
+@dataclass
+class OnPolicyConfig:
+    """The settings GRPO and TPO share; every field can be overridden as ``key=value``."""
+
+    policy: str = "???"  # a saved policy directory (e.g. a BC run's policy/)
+    task: str = "PickPlace"
+    name: str = "onpolicy"
+    out: str = "runs"
+    policy_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. min_std, temperature
+    reward: str = setting("learned", choices=REWARD_TYPES)  # learned | judge | privileged | success
+    reward_model: str = ""  # learned: a saved progress model; judge: a local VLM directory
+    reward_frames: int = setting(8, low=2)  # observations a learned model or judge scores
+    groups: int = setting(4, low=1)  # initial states per iteration
+    group_size: int = setting(8, low=2)  # rollouts per initial state (a group compares them)
+    epochs: int = setting(2, low=1)
+    ratio_tolerance: float = setting(1e-3, low=0.0)
+    optim: OptimConfig = field(default_factory=rl_optim)
+    num_envs: int = setting(0, low=0)  # local sub-envs in one batched call; 0 = groups * group_size
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    seed: int = seed_setting()
+    train_seed: int = seed_setting(10_000)  # initial states for training; evaluation: eval_seed..
+    eval_every: int = setting(5, low=1)
+    eval_episodes: int = setting(20, low=0)
+    eval_seed: int = seed_setting(100_000)
+    eval_sampled: bool = False  # also evaluate the sampling policy (what the update optimises)
+    eval_envs: int = setting(10, low=1)  # evaluation sub-envs in one process, one batched call
+    save_every: int = setting(5, low=1)
+    device: str = "auto"
+    resume: str = ""
+
+    def check(self) -> None:
+        """A model-based reward needs its directory."""
+        if self.reward in ("learned", "judge") and not self.reward_model:
+            raise ValueError(f"reward={self.reward} needs reward_model=<its directory>")
 
 
 def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> Any:
     """The starting policy with ``policy_overrides`` applied to its config (weights unchanged)."""
-    from embodied.policies import Policy
-
     policy = Policy.from_pretrained(path)
     if overrides:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(policy.config)}
@@ -37,8 +85,6 @@ def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> A
 def env_kwargs(policy: Any, reward_model: RewardModel) -> dict[str, Any]:
     """Env options giving the policy its inputs and a frame-reading reward model its camera (the
     first one: ``front`` on the tabletop) at its size."""
-    from embodied.rollout.matching import env_options
-
     kwargs = env_options(policy.observation_spec)
     size = reward_model.image_size
     if size is not None:
@@ -105,8 +151,6 @@ def trajectory_totals(
 
 def collect_decisions(trajs: list[Any], advantages: np.ndarray, spec: ObservationSpec) -> Decisions:
     """Flatten the trajectories' decisions, each with its trajectory's advantage."""
-    from embodied.rollout.episodes import decision_windows
-
     obs: dict[str, list[np.ndarray]] = {}
     outputs: dict[str, list[np.ndarray]] = {}
     instructions: list[str] = []
@@ -156,63 +200,30 @@ def check_ratio(log_prob: torch.Tensor, batch: Decisions, tolerance: float) -> f
     return worst
 
 
-def optimizer_step(loss: torch.Tensor, policy: Any, optimizer: Any, max_grad_norm: float,
-                   where: str, checkpoints: Any) -> float:  # fmt: skip
-    """One clipped gradient step on ``loss``; return the gradient norm before clipping. A
-    non-finite loss stops the run, saying ``where`` (e.g. "GRPO loss at iteration 3") and which
-    checkpoint in ``checkpoints`` is the last good one."""
-    if not torch.isfinite(loss):
-        from embodied.train.common import latest_checkpoint
-
-        last = latest_checkpoint(checkpoints)
-        raise FloatingPointError(f"non-finite {where}; the last good checkpoint is {last}")
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
-    optimizer.step()
-    return float(norm)
-
-
 def mean_stats(stats: list[dict[str, float]], prefix: str = "update/") -> dict[str, float]:
     """The mean of each statistic over an update's minibatches, keys prefixed."""
     return {f"{prefix}{key}": float(np.mean([s[key] for s in stats])) for key in stats[0]}
 
 
-class Iterations:
-    """What ends every on-policy iteration: evaluation on held-out seeds when due, the metrics
-    line, and a checkpoint when due (``cfg`` has ``task``, ``eval_episodes``, ``eval_every``,
-    ``eval_seed``, ``eval_envs``, ``save_every``; ``total`` iterations)."""
+def evaluate_online(cfg: OnPolicyConfig, policy: Policy, env: dict[str, Any]) -> dict[str, float]:
+    """Success on ``eval_episodes`` held-out seeds (one batched vector env): deterministic
+    (``eval/``) and, with ``cfg.eval_sampled``, sampling as the rollouts do (``eval_sampled/``:
+    what RL optimises)."""
+    out: dict[str, float] = {}
+    for deterministic in [True, False] if cfg.eval_sampled else [True]:
+        result = evaluate_policy(
+            policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, env, cfg.eval_envs,
+            asynchronous=False, deterministic=deterministic,
+        )  # fmt: skip
+        out |= result.metrics("eval" if deterministic else "eval_sampled")
+    return out
 
-    def __init__(self, cfg: Any, total: int, policy: Any, env_kwargs: dict[str, Any],
-                 run: Any, metrics: Any, optimizer: Any, scheduler: Any) -> None:  # fmt: skip
-        self.cfg, self.total, self.policy, self.env_kwargs = cfg, total, policy, env_kwargs
-        self.run, self.metrics = run, metrics
-        self.optimizer, self.scheduler = optimizer, scheduler
 
-    def evaluate(self) -> dict[str, float]:
-        """Success on ``eval_episodes`` held-out seeds (one batched vector env): deterministic
-        (``eval/``) and, with ``cfg.eval_sampled``, sampling as the rollouts do
-        (``eval_sampled/``: what RL optimises)."""
-        from embodied.evaluation.suite import evaluate_policy
-
-        cfg = self.cfg
-        out: dict[str, float] = {}
-        modes = [True, False] if getattr(cfg, "eval_sampled", False) else [True]
-        for deterministic in modes:
-            result = evaluate_policy(
-                self.policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, self.env_kwargs,
-                cfg.eval_envs, asynchronous=False, deterministic=deterministic,
-            )  # fmt: skip
-            out |= result.metrics("eval" if deterministic else "eval_sampled")
-        return out
-
-    def finish(self, done: int, log: dict[str, float]) -> None:
-        """Evaluate and checkpoint when due; log iteration ``done``."""
-        from embodied.train.common import save_checkpoint
-
-        cfg, last = self.cfg, done == self.total
-        if cfg.eval_episodes > 0 and (done % cfg.eval_every == 0 or last):
-            log.update(self.evaluate())
-        self.metrics.log(log, done)
-        if done % cfg.save_every == 0 or last:
-            save_checkpoint(self.run.checkpoints, done, self.policy, self.optimizer, self.scheduler)
+def finish_iteration(trainer: Any, env: dict[str, Any], done: int, log: dict[str, float]) -> None:
+    """Evaluate and checkpoint when due; log iteration ``done``."""
+    cfg = trainer.cfg
+    if cfg.eval_episodes > 0 and trainer.due(done, cfg.eval_every):
+        log.update(evaluate_online(cfg, trainer.model, env))
+    trainer.metrics.log(log, done)
+    if trainer.due(done, cfg.save_every):
+        trainer.save(done)

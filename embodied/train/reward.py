@@ -27,19 +27,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from embodied.core.config import seed_setting, setting
 from embodied.core.nn import UNKNOWN_WORD, build_vocab
-from embodied.core.run import RunDir, progress, seed_everything
+from embodied.core.run import RunDir
 from embodied.rewards.labels import rewind_order, rewind_split
 from embodied.rewards.progress import ProgressConfig, ProgressRewardModel, augment_frames
-from embodied.train.common import (
-    OptimConfig,
-    batch_indices,
-    latest_checkpoint,
-    load_checkpoint,
-    make_optimizer,
-    resolve_device,
-    save_checkpoint,
-)
+from embodied.train.loop import Trainer, batch_indices, begin
+from embodied.train.optim import OptimConfig
 
 
 def _default_optim() -> OptimConfig:
@@ -57,64 +51,47 @@ class RewardTrainConfig:
     model: ProgressConfig = field(default_factory=ProgressConfig)
     label_key: str = "progress.label"
     image_key: str = ""  # default: the dataset's first camera
-    clip_len: int = 8
-    clip_len_max: int = 0  # > clip_len: each batch draws its length in [clip_len, clip_len_max]
-    clips_per_episode: int = 8
-    start_crop: float = 0.3  # probability that a clip starts at a random frame, not frame 0
+    clip_len: int = setting(8, low=2)
+    clip_len_max: int = setting(0, low=0)  # > clip_len: each batch draws a length up to it
+    clips_per_episode: int = setting(8, low=1)
+    start_crop: float = setting(0.3, low=0.0, high=1.0)  # P(a clip starts at a random frame)
     # Probability that a clip's frames are evenly spaced over its whole history (how episodes
     # are scored: ``eval_indices``), not taken at a random stride back from its end.
-    full_span: float = 0.0
+    full_span: float = setting(0.0, low=0.0, high=1.0)
     # ReWiND on the fly: probability that a clip of a successful episode is cut from it played
     # forward to a random split and then back, ending on the way back (labels follow the frames
     # shown): a failure whose last frame only its history can tell apart from the way up.
-    rewind: float = 0.0
+    rewind: float = setting(0.0, low=0.0, high=1.0)
     # Probability that a clip (not rewound) ends exactly on its episode's last frame, the frame
     # whose progress decides success AUROC; otherwise clip ends are spread over the episode.
-    final_frame: float = 0.0
+    final_frame: float = setting(0.0, low=0.0, high=1.0)
     # A saved ProgressRewardModel directory to start from (fine-tuning); ``model`` must then
     # match its config (image size and vocabulary come from it, not from the dataset).
     pretrained: str = ""
-    shift: int = 4  # image augmentation: pixels
-    brightness: float = 0.2
-    color: float = 0.1
-    val_fraction: float = 0.2  # of the seeds (episode groups) held out
-    val_instruction_fraction: float = 0.0  # of the distinct instructions held out
+    shift: int = setting(4, low=0)  # image augmentation: pixels
+    brightness: float = setting(0.2, low=0.0)
+    color: float = setting(0.1, low=0.0)
+    val_fraction: float = setting(0.2, low=0.0, high=0.99)  # of the seeds (episode groups) held out
+    val_instruction_fraction: float = setting(0.0, low=0.0, high=0.99)  # of the instructions
     # At most this many evenly spaced frames scored per val episode; 0 = the longest training clip
     # (scoring more frames than the model was trained on puts positions out of distribution).
-    eval_frames: int = 0
-    steps: int = 2000
-    batch_size: int = 32
+    eval_frames: int = setting(0, low=0)
+    steps: int = setting(2000, low=1)
+    batch_size: int = setting(32, low=1, high=4096)
     optim: OptimConfig = field(default_factory=_default_optim)
-    seed: int = 0
+    seed: int = seed_setting()
     device: str = "auto"
-    eval_every: int = 500
-    save_every: int = 500
-    log_every: int = 50
+    eval_every: int = setting(500, low=1)
+    save_every: int = setting(500, low=1)
+    log_every: int = setting(50, low=1)
     resume: str = ""  # a run directory to continue from its latest checkpoint
 
-    def __post_init__(self) -> None:
-        if self.eval_frames < 0:
-            raise ValueError(f"eval_frames must be >= 0 (0 = auto), got {self.eval_frames}")
-        for name in ("clip_len", "clips_per_episode", "steps", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    def check(self) -> None:
+        """A clip-length range that is a range."""
         if self.clip_len_max and self.clip_len_max < self.clip_len:
             raise ValueError(
-                f"clip_len_max must be 0 or >= clip_len ({self.clip_len}), got {self.clip_len_max}"
+                f"clip_len_max = {self.clip_len_max}: expected 0 or >= clip_len ({self.clip_len})"
             )
-        for name in ("eval_every", "save_every", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("start_crop", "val_fraction", "val_instruction_fraction"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be a fraction in [0, 1), got {getattr(self, name)}")
-        for name in ("full_span", "rewind", "final_frame"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(
-                    f"{name} must be a probability in [0, 1], got {getattr(self, name)}"
-                )
-        if self.shift < 0 or self.brightness < 0 or self.color < 0:
-            raise ValueError("shift, brightness and color must be >= 0")
 
 
 def _unit_hash(text: str) -> float:
@@ -153,7 +130,7 @@ def sample_clip(
     clip_len: int,
     start_crop: float,
     rng: np.random.Generator,
-    full_span: float = 0.0,
+    full_span: float = setting(0.0, low=0.0, high=1.0),
     jitter: bool = True,
 ) -> np.ndarray:
     """Frame indices ``[clip_len]`` of a clip ending near ``end`` (jittered unless ``jitter`` is
@@ -299,8 +276,7 @@ def train_reward(cfg: RewardTrainConfig) -> RunDir:
     from embodied.datasets import LeRobotDataset
     from embodied.datasets.training import RewardDataset
 
-    seed_everything(cfg.seed)
-    device = resolve_device(cfg.device)
+    device = begin(cfg)
     dataset = LeRobotDataset(cfg.dataset)
     if cfg.label_key not in dataset.features:
         raise ValueError(
@@ -334,41 +310,24 @@ def train_reward(cfg: RewardTrainConfig) -> RunDir:
     else:
         model_cfg = replace(model_cfg, image_size=int(shape[0]), vocab=build_vocab(dataset.tasks))
         model = ProgressRewardModel(model_cfg).to(device)
-    optimizer, scheduler = make_optimizer(model.parameters(), cfg.optim, cfg.steps)
     recorded = replace(cfg, model=model.config)  # image size and vocabulary as trained
-    run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=recorded)
-    start = 0
-    checkpoint = latest_checkpoint(run.checkpoints) if cfg.resume else None
-    if checkpoint is not None:
-        start, _ = load_checkpoint(checkpoint, model, optimizer, scheduler)
-
     eval_frames = cfg.eval_frames or max(cfg.clip_len, cfg.clip_len_max)
-    with run.metrics() as metrics:
-        if start == 0:
-            metrics.log(
+    with Trainer(cfg, model, cfg.steps, recorded) as trainer:
+        if trainer.start == 0:
+            trainer.metrics.log(
                 {"data/train_episodes": len(train_eps), "data/val_episodes": len(val_eps)}, 0
             )
-        for step in progress(range(start, cfg.steps), total=cfg.steps - start, desc="reward"):
-            batch = make_batch(clips, cfg, step, device)
-            losses = model.losses(batch)
-            if not torch.isfinite(losses["loss"]):
-                raise FloatingPointError(
-                    f"non-finite reward loss at step {step}; the last good checkpoint is "
-                    f"{latest_checkpoint(run.checkpoints)}"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            losses["loss"].backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-
+        for step in trainer.steps("reward"):
+            losses = model.losses(make_batch(clips, cfg, step, device))
+            trainer.update(losses["loss"], f"reward loss at step {step}")
             done = step + 1
-            if done % cfg.log_every == 0 or done == cfg.steps:
+            if trainer.due(done, cfg.log_every):
                 logged = {f"train/{k}": v.item() for k, v in losses.items()}
-                metrics.log({**logged, "train/lr": scheduler.get_last_lr()[0]}, done)
-            if val_eps and (done % cfg.eval_every == 0 or done == cfg.steps):
-                metrics.log(evaluate_progress(model, clips, val_eps, eval_frames), done)
-            if done % cfg.save_every == 0 or done == cfg.steps:
-                save_checkpoint(run.checkpoints, done, model, optimizer, scheduler)
-    model.save_pretrained(run.path / "model")
-    return run
+                lr = trainer.scheduler.get_last_lr()[0]
+                trainer.metrics.log({**logged, "train/lr": lr}, done)
+            if val_eps and trainer.due(done, cfg.eval_every):
+                trainer.metrics.log(evaluate_progress(model, clips, val_eps, eval_frames), done)
+            if trainer.due(done, cfg.save_every):
+                trainer.save(done)
+    model.save_pretrained(trainer.run.path / "model")
+    return trainer.run

@@ -35,74 +35,48 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from embodied.core.run import RunDir, progress, seed_everything
+from embodied.core.config import seed_setting, setting
+from embodied.core.run import RunDir
+from embodied.evaluation.results import collisions_per_episode
 from embodied.rewards.models import REWARD_TYPES, make_reward_model
 from embodied.rewards.returns import OBJECTIVES, TrajectoryScore, preference_pairs
-from embodied.rollout.backends import DistributedConfig, make_rollouts
-from embodied.train.common import (
-    OptimConfig,
-    latest_checkpoint,
-    load_checkpoint,
-    make_optimizer,
-    resolve_device,
-)
+from embodied.rollout.backends import make_rollouts
+from embodied.train.loop import Trainer, begin
 from embodied.train.onpolicy import (
-    Iterations,
+    OnPolicyConfig,
     check_ratio,
     collect_decisions,
     element_log_probs,
     env_kwargs,
+    evaluate_online,
+    finish_iteration,
     load_policy,
     mean_stats,
-    optimizer_step,
     rollout_groups,
     trajectory_totals,
 )
 
 
 @dataclass
-class TPOConfig:
-    """A TPO run; every field can be overridden as ``key=value``."""
+class TPOConfig(OnPolicyConfig):
+    """A TPO run: the shared on-policy settings (``OnPolicyConfig``) and TPO's own."""
 
-    policy: str = "???"  # a saved policy directory
-    task: str = "PickPlace"
     name: str = "tpo"
-    out: str = "runs"
-    policy_overrides: dict[str, Any] = field(default_factory=dict)
-    objective: str = "success"  # success | safety | efficiency (rewards.returns.OBJECTIVES)
+    reward: str = setting("privileged", choices=REWARD_TYPES)  # the progress term's source
+    group_size: int = setting(4, low=2)
+    train_seed: int = seed_setting(20_000)
+    objective: str = setting("success", choices=tuple(OBJECTIVES))  # rewards.returns.OBJECTIVES
     score_weights: dict[str, float] = field(default_factory=dict)  # overrides the objective's
-    reward: str = "privileged"  # the progress term's source: privileged | learned | judge | success
-    reward_model: str = ""  # learned: a saved progress model; judge: a local VLM directory
-    reward_frames: int = 8  # observations a learned model or judge scores per rollout
-    pairs: str = "best-worst"  # or "all": every ordered pair whose scores differ by > margin
-    margin: float = 0.0
-    beta: float = 0.1
+    pairs: str = setting("best-worst", choices=("best-worst", "all"))  # all: every pair > margin
+    margin: float = setting(0.0, low=0.0)
+    beta: float = setting(0.1, low=0.0)
     # log pi(tau) as the mean over its elements instead of the sum; beta then weighs a
     # per-element margin (on the PickPlace planner beta 20 saturated in one round, beta 2 did not)
     length_normalize: bool = False
-    sft_weight: float = 0.0  # weight of the winners' NLL added to the DPO loss (RPO)
-    reference: str = "round"  # round: the policy that sampled the round | initial
-    rounds: int = 10
-    groups: int = 4
-    group_size: int = 4
-    epochs: int = 2
-    pairs_per_batch: int = 4
-    ratio_tolerance: float = 1e-3
-    optim: OptimConfig = field(
-        default_factory=lambda: OptimConfig(lr=1e-5, weight_decay=0.0, warmup_steps=0)
-    )
-    num_envs: int = 0  # local sub-envs; 0 = groups * group_size
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    seed: int = 0
-    train_seed: int = 20_000
-    eval_every: int = 5
-    eval_episodes: int = 20
-    eval_seed: int = 100_000
-    eval_sampled: bool = False  # also evaluate the sampling policy (what the update optimises)
-    eval_envs: int = 10
-    save_every: int = 5
-    device: str = "auto"
-    resume: str = ""
+    sft_weight: float = setting(0.0, low=0.0)  # weight of the winners' NLL added (RPO)
+    reference: str = setting("round", choices=("round", "initial"))  # the policy that sampled
+    rounds: int = setting(10, low=1)
+    pairs_per_batch: int = setting(4, low=1)
 
 
 def tpo_loss(
@@ -149,20 +123,8 @@ def decisions_of(data: Any, trajectories: list[int]) -> Any:
 def train_tpo(cfg: TPOConfig) -> RunDir:
     """Run TPO; return the run directory (final policy in ``policy/``)."""
     import embodied.sims as sims
-    from embodied.evaluation.results import collisions_per_episode
 
-    if cfg.objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {cfg.objective!r}")
-    if cfg.reward not in REWARD_TYPES:
-        raise ValueError(f"reward must be one of {REWARD_TYPES}, got {cfg.reward!r}")
-    if cfg.reference not in ("round", "initial"):
-        raise ValueError(f"reference must be 'round' or 'initial', got {cfg.reference!r}")
-    if cfg.sft_weight < 0:
-        raise ValueError(f"sft_weight must be >= 0, got {cfg.sft_weight}")
-    if cfg.group_size < 2:
-        raise ValueError(f"group_size must be >= 2 (pairs come from a group), got {cfg.group_size}")
-    seed_everything(cfg.seed)
-    device = resolve_device(cfg.device)
+    device = begin(cfg)
     policy = load_policy(cfg.policy, cfg.policy_overrides, device).eval()
     initial = copy.deepcopy(policy).requires_grad_(False) if cfg.reference == "initial" else None
     reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
@@ -172,21 +134,13 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
     limit = probe.spec.max_episode_steps if probe.spec is not None else None
     probe.close()
     score = TrajectoryScore.objective(cfg.objective, cfg.score_weights, limit)
-    optimizer, scheduler = make_optimizer(policy.parameters(), cfg.optim, cfg.rounds)
-    run = RunDir(cfg.resume) if cfg.resume else RunDir.create(cfg.out, cfg.name, config=cfg)
-    start = 0
-    checkpoint = latest_checkpoint(run.checkpoints) if cfg.resume else None
-    if checkpoint is not None:
-        start, _ = load_checkpoint(checkpoint, policy, optimizer, scheduler)
-    # After the checkpoint: Ray workers copy the weights they are built with.
-    rollouts = make_rollouts(cfg.distributed, cfg.task, kwargs, policy, num_envs)
-
-    try:
-        with run.metrics() as metrics:
-            steps = Iterations(cfg, cfg.rounds, policy, kwargs, run, metrics, optimizer, scheduler)
-            if start == 0 and cfg.eval_episodes > 0:
-                metrics.log(steps.evaluate(), 0)
-            for round_ in progress(range(start, cfg.rounds), desc="tpo"):
+    with Trainer(cfg, policy, cfg.rounds) as trainer:
+        # After the checkpoint: Ray workers copy the weights they are built with.
+        rollouts = make_rollouts(cfg.distributed, cfg.task, kwargs, policy, num_envs)
+        try:
+            if trainer.start == 0 and cfg.eval_episodes > 0:
+                trainer.metrics.log(evaluate_online(cfg, policy, kwargs), 0)
+            for round_ in trainer.steps("tpo"):
                 t0 = time.perf_counter()
                 base = cfg.train_seed + round_ * cfg.groups
                 seeds = list(range(base, base + cfg.groups))
@@ -240,19 +194,17 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                                 cfg.beta,
                                 cfg.sft_weight,
                             )
-                            st["grad_norm"] = optimizer_step(
-                                loss, policy, optimizer, cfg.optim.max_grad_norm,
-                                f"TPO loss in round {round_}", run.checkpoints,
-                            )  # fmt: skip
+                            where = f"TPO loss in round {round_}"
+                            st["grad_norm"] = trainer.update(loss, where, step_schedule=False)
                             stats.append(st)
                     log.update(mean_stats(stats))
                 else:
                     log["update/skipped"] = 1.0
-                scheduler.step()
+                trainer.scheduler.step()
                 rollouts.set_weights(policy)
                 log["time/update"] = time.perf_counter() - t1
-                steps.finish(round_ + 1, log)
-    finally:
-        rollouts.close()
-    policy.save_pretrained(run.path / "policy")
-    return run
+                finish_iteration(trainer, kwargs, round_ + 1, log)
+        finally:
+            rollouts.close()
+    policy.save_pretrained(trainer.run.path / "policy")
+    return trainer.run

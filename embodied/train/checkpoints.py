@@ -1,19 +1,16 @@
-"""The one trainer utility the algorithms share: device, optimizer + schedule, batches,
-checkpoints that resume exactly.
+"""Checkpoints that resume exactly and are never half-written.
 
 A checkpoint is a directory ``checkpoints/step-NNNNNNN/`` written under a temporary name and
-renamed, holding the policy (``save_pretrained``), the optimizer's tensors and the torch RNG state
+renamed, holding the model (``save_pretrained``), the optimizer's tensors and the torch RNG state
 (safetensors), and every scalar (JSON): nothing is unpickled when a run resumes.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,77 +22,6 @@ from embodied.core.io import atomic_write_text
 CHECKPOINT_PREFIX = "step-"
 
 
-def resolve_device(device: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; anything else is passed to torch. ValueError
-    naming the setting for a device torch does not know or this machine does not have."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError as error:
-        raise ValueError(f"device={device!r} is not a device: {error}") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r}, but CUDA is not available here (use auto or cpu)")
-    return resolved
-
-
-@dataclass
-class OptimConfig:
-    """AdamW with linear warm-up then cosine decay (Diffusion Policy's recipe), or a constant
-    rate after the warm-up (``schedule: constant``, as RL fine-tuning usually runs)."""
-
-    lr: float = 1e-4
-    weight_decay: float = 1e-6
-    betas: tuple[float, float] = (0.95, 0.999)
-    warmup_steps: int = 100
-    max_grad_norm: float = 1.0
-    schedule: str = "cosine"
-
-    def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"optim.schedule={self.schedule!r}: expected one of {SCHEDULES}")
-
-
-SCHEDULES = ("cosine", "constant")
-
-
-def make_optimizer(
-    params: Any, cfg: OptimConfig, total_steps: int
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW and its schedule: lr ramps up over ``warmup_steps``, then follows a cosine to 0 at
-    ``total_steps`` or stays at ``lr`` (``cfg.schedule``)."""
-    optimizer = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
-    )
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.schedule == "constant":
-            return 1.0
-        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def batch_indices(num_items: int, batch_size: int, seed: int, step: int) -> np.ndarray:
-    """Indices of the batch for ``step``: a pure function of (seed, step), so a resumed run sees
-    exactly the batches the uninterrupted run would have seen."""
-    return np.random.default_rng([seed, step]).integers(0, num_items, size=batch_size)
-
-
-def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stack tensors and keep lists of strings/ints (torch's default collate)."""
-    return torch.utils.data.default_collate(items)
-
-
-def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Move every tensor of a batch to ``device``."""
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
-# --- checkpoints -------------------------------------------------------------------------------
 def save_checkpoint(
     directory: Path,
     step: int,

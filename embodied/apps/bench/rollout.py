@@ -1,0 +1,91 @@
+"""``embodied bench rollout``: GRPO-style rollouts on each backend, against a sync vector env."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import embodied.policies  # noqa: F401  (registers the policy types)
+from embodied.apps.bench.common import Row, tabletop_features
+from embodied.apps.bench.policy import POLICY_VARIANTS
+from embodied.core.policy import POLICIES
+from embodied.rollout.backends import DistributedConfig, LocalRollouts, make_rollouts
+
+
+@dataclass
+class RolloutRow(Row):
+    """Rollout throughput of the policy-driven engine on one backend, against a synchronous
+    vector env in this process."""
+
+    backend: str
+    envs: int
+    steps_per_s: float
+    episodes_per_min: float
+    baseline: str
+    speedup: float
+
+
+def bench_rollout(
+    task: str = "PickPlace",
+    envs: int = 4,
+    episodes: int = 8,
+    repeats: int = 3,
+    ray_workers: int = 2,
+    progress: Any = None,
+) -> list[RolloutRow]:
+    """Env steps/s of GRPO-style rollouts (the ``configs/bc_diffusion.yaml`` planner, untrained,
+    stochastic, decisions recorded, state observations): a sync vector env in this process, an
+    async one (a process per env), and Ray actors when Ray is installed."""
+
+    tasks = ["put the red block on the green plate"]
+    config = POLICIES["diffusion"].config_from_dataset(
+        tabletop_features(64, env_state=True), tasks, **POLICY_VARIANTS[1][2], n_action_steps=4
+    )
+    policy = POLICIES["diffusion"](config).eval()
+    env_kwargs = {"obs_mode": "state"}
+    backends: list[tuple[str, int, Any]] = [
+        ("sync", envs, lambda: LocalRollouts(task, env_kwargs, policy, envs)),
+        ("async", envs, lambda: LocalRollouts(task, env_kwargs, policy, envs, asynchronous=True)),
+    ]
+    try:
+        import ray  # noqa: F401
+
+        per_worker = max(1, envs // ray_workers)
+        cfg = DistributedConfig("ray", workers=ray_workers, envs_per_worker=per_worker)
+        backends.append(
+            (
+                "ray",
+                ray_workers * per_worker,
+                lambda: make_rollouts(cfg, task, env_kwargs, policy, 1),
+            )
+        )
+    except ImportError:
+        pass
+    rates: dict[str, tuple[int, float, float]] = {}
+    for name, count, build in backends:
+        if progress is not None:
+            progress(f"rollouts on {name} ({count} envs)")
+        rollouts = build()
+        try:
+            rollouts.run(list(range(count)), sample_seed=0)  # warm-up: workers, first renders
+            runs = []
+            for r in range(repeats):
+                start = time.perf_counter()
+                trajs = rollouts.run([1000 * r + e for e in range(episodes)], sample_seed=r)
+                seconds = time.perf_counter() - start
+                steps = sum(t.length for t in trajs)
+                runs.append((steps / seconds, len(trajs) / seconds * 60))
+        finally:
+            rollouts.close()
+        rates[name] = (
+            count,
+            statistics.median(s for s, _ in runs),
+            statistics.median(e for _, e in runs),
+        )
+    base = rates["sync"][1]
+    return [
+        RolloutRow(name, count, steps, eps, f"sync ({envs} envs)", steps / base)
+        for name, (count, steps, eps) in rates.items()
+    ]

@@ -1,0 +1,190 @@
+"""The training loop every job shares (bc, reward, grpo, tpo); each algorithm's own file keeps
+its formulas and calls these pieces in order:
+
+    device = begin(cfg)                 # check the config, seed every generator, pick the device
+    model = ...                         # built after seeding, so its init repeats
+    with Trainer(cfg, model, total) as trainer:  # run dir, optimiser, resume
+        for step in trainer.steps():    # from where a resumed run stopped
+            trainer.update(loss, f"BC loss at step {step}")  # NaN stop, clip, step
+            if trainer.due(step + 1, cfg.save_every): trainer.save(step + 1)
+
+``Trainer`` opens a new run directory or, with ``cfg.resume``, an existing one of the same job whose
+settings match (a changed setting is an error naming it; where the run writes, the device and
+the resume path itself may change) and restores its newest readable checkpoint, falling back past a
+corrupt one with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import torch
+
+from embodied.core.config import ConfigError, config_to_dict, load_config, validate
+from embodied.core.run import CONFIG_FILE, MetricsLogger, RunDir, progress, seed_everything
+from embodied.train.checkpoints import CHECKPOINT_PREFIX, load_checkpoint, save_checkpoint
+from embodied.train.optim import make_optimizer
+
+# Settings a resumed run may change: where and on what it runs, not what it learns.
+MAY_CHANGE_ON_RESUME = ("resume", "out", "name", "device")
+
+
+def begin(cfg: Any) -> torch.device:
+    """Check ``cfg`` (``embodied.core.config.validate``), seed every generator, resolve the
+    device: what every job does before it builds anything."""
+    validate(cfg)
+    seed_everything(cfg.seed)
+    return resolve_device(cfg.device)
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; anything else is passed to torch. ValueError
+    naming the setting for a device torch does not know or this machine does not have."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"device={device!r} is not a device: {error}") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}, but CUDA is not available here (use auto or cpu)")
+    return resolved
+
+
+def open_run(cfg: Any, recorded: Any = None) -> RunDir:
+    """A new run directory for ``cfg`` (saving ``recorded``, default ``cfg``), or the one
+    ``cfg.resume`` names after checking that it is a run of the same job with the same settings."""
+    recorded = cfg if recorded is None else recorded
+    if not cfg.resume:
+        return RunDir.create(cfg.out, cfg.name, config=recorded)
+    path = Path(cfg.resume)
+    if not (path / CONFIG_FILE).is_file():
+        raise ValueError(f"resume={cfg.resume!r} is not a run directory (no {CONFIG_FILE})")
+    try:
+        saved = config_to_dict(load_config(type(cfg), path / CONFIG_FILE))
+    except ConfigError as error:
+        raise ValueError(
+            f"resume={cfg.resume!r} is not a run of this job ({type(cfg).__name__}): {error}"
+        ) from None
+    now = config_to_dict(recorded)
+    changed = [key for key in _changed(saved, now) if key.split(".")[0] not in MAY_CHANGE_ON_RESUME]
+    if changed:
+        shown = ", ".join(f"{k} ({_get(saved, k)!r} -> {_get(now, k)!r})" for k in changed)
+        raise ValueError(
+            f"resume={cfg.resume!r} was run with other settings: {shown}; resume with the run's "
+            f"own settings (its {CONFIG_FILE}) or start a new run"
+        )
+    return RunDir(path)
+
+
+def _changed(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts."""
+    keys = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            keys += _changed(x, y, f"{prefix}{key}.")
+        elif x != y:
+            keys.append(prefix + key)
+    return keys
+
+
+def _get(tree: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+class Trainer:
+    """A job's run directory, optimiser and schedule, resume, checkpoints and metrics (see the
+    module docstring). ``total`` is the number of steps (or iterations, rounds) the schedule
+    spans."""
+
+    def __init__(self, cfg: Any, model: Any, total: int, recorded: Any = None) -> None:
+        self.cfg, self.model, self.total = cfg, model, int(total)
+        self.optimizer, self.scheduler = make_optimizer(model.parameters(), cfg.optim, self.total)
+        self.run = open_run(cfg, recorded)
+        self.start = self.restore() if cfg.resume else 0
+        self.metrics: MetricsLogger = self.run.metrics()
+
+    def restore(self) -> int:
+        """Load the newest readable checkpoint (older ones if the newest is corrupt, with a
+        warning); return its step (0 when there is none)."""
+        found = sorted(self.run.checkpoints.glob(f"{CHECKPOINT_PREFIX}*"), reverse=True)
+        for path in found:
+            try:
+                step, _ = load_checkpoint(path, self.model, self.optimizer, self.scheduler)
+                return step
+            except (OSError, ValueError, KeyError, json.JSONDecodeError) as error:
+                warnings.warn(f"checkpoint {path} is unreadable ({error}); trying an older one",
+                              stacklevel=2)  # fmt: skip
+        if found:
+            raise ValueError(f"no readable checkpoint in {self.run.checkpoints}")
+        return 0
+
+    def steps(self, desc: str = "") -> Iterator[int]:
+        """The remaining steps, with a progress bar."""
+        remaining = range(self.start, self.total)
+        return iter(progress(remaining, total=len(remaining), desc=desc or self.run.path.name))
+
+    def due(self, done: int, every: int) -> bool:
+        """Whether a thing done every ``every`` steps is due after ``done`` (always at the end)."""
+        return done % every == 0 or done == self.total
+
+    def update(self, loss: torch.Tensor, where: str, step_schedule: bool = True) -> float:
+        """One clipped gradient step on ``loss``; the gradient norm before clipping. A non-finite
+        loss stops the run, saying ``where`` and which checkpoint is the last good one."""
+        if not torch.isfinite(loss):
+            last = self.last_checkpoint()
+            raise FloatingPointError(f"non-finite {where}; the last good checkpoint is {last}")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
+        self.optimizer.step()
+        if step_schedule:
+            self.scheduler.step()
+        return float(norm)
+
+    def save(self, step: int, extra: dict[str, Any] | None = None) -> Path:
+        """A checkpoint of the model, optimiser, schedule and RNG states at ``step``."""
+        return save_checkpoint(
+            self.run.checkpoints, step, self.model, self.optimizer, self.scheduler, extra
+        )
+
+    def last_checkpoint(self) -> Path | None:
+        """The newest checkpoint written so far."""
+        found = sorted(self.run.checkpoints.glob(f"{CHECKPOINT_PREFIX}*"))
+        return found[-1] if found else None
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.metrics.close()
+
+
+def batch_indices(num_items: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+    """Indices of the batch for ``step``: a pure function of (seed, step), so a resumed run sees
+    exactly the batches the uninterrupted run would have seen."""
+    return np.random.default_rng([seed, step]).integers(0, num_items, size=batch_size)
+
+
+def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack tensors and keep lists of strings/ints (torch's default collate)."""
+    return torch.utils.data.default_collate(items)
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Move every tensor of a batch to ``device``."""
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}

@@ -1,0 +1,202 @@
+"""Bad input gets one line naming what was wrong, before any output is written: a bad-config
+matrix over every job, resumes that do not fit, corrupt saved files, and the CLI's own rules
+(no traceback for a user error, ``--debug`` shows it, a closed pipe exits quietly)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from embodied.apps.cli import main
+from embodied.apps.collect import CollectConfig, run_collect
+from embodied.policies import make_policy
+from embodied.train.bc import BCConfig, train_bc
+
+SEED_RANGE = "expected in [0, 4294967295]"
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny state-only Reach dataset, a saved MLP policy, and a 4-step BC run of it."""
+    root = tmp_path_factory.mktemp("errors")
+    run_collect(CollectConfig(task="Reach", episodes=2, out=str(root / "data"), obs_mode="state"))
+    policy = make_policy("mlp", state_dim=4, action_dim=4)
+    policy.save_pretrained(root / "policy")
+    run = train_bc(BCConfig(dataset=str(root / "data"), out=str(root / "runs"), policy="mlp",
+                            steps=4, save_every=2, eval_episodes=0, device="cpu"))  # fmt: skip
+    return {"data": root / "data", "policy": root / "policy", "run": run.path}
+
+
+def _refused(argv: list[str], message: str, out: Path, capsys: pytest.CaptureFixture) -> None:
+    """``embodied argv`` exits 2 with ``message`` in one line on stderr and writes nothing."""
+    out.mkdir(parents=True, exist_ok=True)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert not any(out.iterdir()), f"{argv} wrote {list(out.iterdir())}"
+
+
+JOB_MATRIX = [
+    ("bc", "steps=0", "config key 'steps' = 0 is out of range: expected >= 1"),
+    ("bc", "steps=-5", "config key 'steps' = -5 is out of range: expected >= 1"),
+    ("bc", "batch_size=0", "config key 'batch_size' = 0 is out of range: expected >= 1"),
+    ("bc", "batch_size=1e8", "config key 'batch_size' expects int, got 100000000.0"),
+    ("bc", "eval_every=0", "config key 'eval_every' = 0 is out of range: expected >= 1"),
+    ("bc", "save_every=0", "config key 'save_every' = 0 is out of range: expected >= 1"),
+    ("bc", "log_every=0", "config key 'log_every' = 0 is out of range: expected >= 1"),
+    ("bc", "eval_episodes=-2", "config key 'eval_episodes' = -2 is out of range: expected >= 0"),
+    ("bc", "seed=-1", f"config key 'seed' = -1 is out of range: {SEED_RANGE}"),
+    ("bc", "seed=9223372036854775806", f"= 9223372036854775806 is out of range: {SEED_RANGE}"),
+    ("bc", "optim.lr=nan", "config key 'optim.lr' = nan: expected a finite number"),
+    ("bc", "optim.lr=-1e-3", "config key 'optim.lr' = -0.001 is out of range: expected >= 0.0"),
+    ("bc", "optim.schedule=warp", "'optim.schedule' = 'warp': expected one of ['cosine', 'const"),
+    ("bc", "optim.betas=[0.9,1.5]", "optim: optim.betas = [0.9, 1.5]: expected each in [0, 1)"),
+    ("bc", "n_obs_steps=0", "config key 'n_obs_steps' = 0 is out of range: expected >= 1"),
+    ("reward", "steps=0", "config key 'steps' = 0 is out of range: expected >= 1"),
+    ("reward", "batch_size=100000", "'batch_size' = 100000 is out of range: expected in [1, 4096]"),
+    ("reward", "clip_len=1", "config key 'clip_len' = 1 is out of range: expected >= 2"),
+    ("reward", "rewind=1.5", "config key 'rewind' = 1.5 is out of range: expected in [0.0, 1.0]"),
+    ("reward", "val_fraction=1.0", "config key 'val_fraction' = 1.0 is out of range"),
+    ("reward", "start_crop=nan", "config key 'start_crop' = nan: expected a finite number"),
+    ("reward", "clip_len_max=4", "clip_len_max = 4: expected 0 or >= clip_len (8)"),
+    ("grpo", "iterations=0", "config key 'iterations' = 0 is out of range: expected >= 1"),
+    ("grpo", "group_size=1", "config key 'group_size' = 1 is out of range: expected >= 2"),
+    ("grpo", "keep_high=0.05", "keep_low = 0.1 > keep_high = 0.05"),
+    ("grpo", "clip_low=-0.1", "config key 'clip_low' = -0.1 is out of range: expected >= 0.0"),
+    ("grpo", "loss_agg=sum", "config key 'loss_agg' = 'sum': expected one of"),
+    ("grpo", "reward=vibes", "config key 'reward' = 'vibes': expected one of"),
+    ("grpo", "reward_model=''", "reward=learned needs reward_model=<its directory>"),
+    ("grpo", "train_seed=-5", f"config key 'train_seed' = -5 is out of range: {SEED_RANGE}"),
+    ("grpo", "distributed.workers=0", "config key 'distributed.workers' = 0 is out of range"),
+    ("tpo", "rounds=0", "config key 'rounds' = 0 is out of range: expected >= 1"),
+    ("tpo", "beta=-1", "config key 'beta' = -1.0 is out of range: expected >= 0.0"),
+    ("tpo", "objective=fast", "config key 'objective' = 'fast': expected one of"),
+    ("tpo", "pairs=some", "config key 'pairs' = 'some': expected one of ['best-worst', 'all']"),
+    ("tpo", "reference=x", "config key 'reference' = 'x': expected one of ['round', 'initial']"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("job", "override", "message"), JOB_MATRIX)
+def test_every_job_refuses_a_bad_value_naming_the_key_and_range(
+    job: str, override: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    required = {
+        "bc": ["dataset=d"], "reward": ["dataset=d"], "grpo": ["policy=p", "reward_model=m"],
+        "tpo": ["policy=p"],
+    }[job]  # fmt: skip
+    argv = ["train", job, *required, override, f"out={tmp_path / 'out'}"]
+    _refused(argv, message, tmp_path / "out", capsys)
+
+
+COLLECT_AND_EVAL = [
+    (["collect", "--episodes", "0"], "config key 'episodes' = 0 is out of range: expected >= 1"),
+    (["collect", "noise=nan"], "config key 'noise' = nan: expected a finite number"),
+    (["collect", "noise=-0.1"], "config key 'noise' = -0.1 is out of range: expected >= 0.0"),
+    (["collect", "--seed", "9223372036854775806"], f"out of range: {SEED_RANGE}"),
+    (["collect", "--seed", "4294967290", "--episodes", "10"], "seed + episodes - 1, which must be"),
+    (["collect", "--cutoff", "1.5"], "config key 'cutoff' = 1.5 is out of range"),
+    (["collect", "--workers", "0"], "config key 'workers' = 0 is out of range: expected >= 1"),
+    (["collect", "image_size=0"], "config key 'image_size' = 0 is out of range: expected in [8,"),
+    (["collect", "fps=0"], "config key 'fps' = 0 is out of range: expected >= 1"),
+    (["collect", "--policy", "random", "record=expert"], "record='expert' labels frames with"),
+    (["collect", "--task", "Fly"], "unknown task 'Fly'"),
+    (["eval", "--episodes", "0"], "config key 'episodes' = 0 is out of range: expected >= 1"),
+    (["eval", "--videos", "-1"], "config key 'videos' = -1 is out of range: expected >= 0"),
+    (["eval", "--seed", "-1"], f"config key 'seed' = -1 is out of range: {SEED_RANGE}"),
+    (["eval", "--suite", "mars"], "invalid choice: 'mars'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "message"), COLLECT_AND_EVAL)
+def test_collect_and_eval_refuse_bad_values(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "out"
+    flag = ["--out", str(out / "data")] if argv[0] == "collect" else ["--out", str(out)]
+    out.mkdir()
+    if "invalid choice" in message:  # argparse's own refusal: usage and exit 2
+        with pytest.raises(SystemExit) as stop:
+            main([*argv, *flag])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+        return
+    _refused([*argv, *flag], message, out, capsys)
+
+
+def test_resume_accepts_only_a_run_of_the_same_job_with_the_same_settings(
+    saved: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    base = ["train", "bc", f"dataset={saved['data']}", "policy=mlp", "steps=4", "save_every=2",
+            "eval_episodes=0", "device=cpu"]  # fmt: skip
+    _refused([*base, "--resume", str(saved["data"])], "is not a run directory (no config.yaml)",
+             tmp_path / "a", capsys)  # fmt: skip
+    _refused([*base, "steps=8", "--resume", str(saved["run"])],
+             "was run with other settings: steps (4 -> 8)", tmp_path / "b", capsys)  # fmt: skip
+    grpo = ["train", "grpo", f"policy={saved['policy']}", "reward=success"]
+    _refused([*grpo, "--resume", str(saved["run"])], "is not a run of this job (GRPOConfig)",
+             tmp_path / "c", capsys)  # fmt: skip
+
+
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(
+    saved: dict[str, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(saved["run"], run)
+    shutil.rmtree(run / "policy")
+    latest = run / "checkpoints" / "step-0000004"
+    (latest / "policy" / "model.safetensors").write_bytes(b"\x00garbage")
+    cfg = BCConfig(dataset=str(saved["data"]), policy="mlp", steps=4, save_every=2,
+                   eval_episodes=0, device="cpu", resume=str(run))  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_bc(cfg)
+    assert any("step-0000004" in str(w.message) and "unreadable" in str(w.message) for w in caught)
+    assert (run / "policy" / "model.safetensors").is_file()  # resumed from step 2 and finished
+
+
+CORRUPT_POLICY = [
+    ("model.safetensors", b"\x00\x01garbage", "model.safetensors: not a readable safetensors file"),
+    ("config.json", b"[1, 2]", "config.json: expected a JSON object, got list"),
+    ("config.json", b"{not json", "config.json: not readable JSON"),
+    ("config.json", b'{"policy_type": "warp"}', "unknown policy_type 'warp'"),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "message"), CORRUPT_POLICY)
+def test_a_corrupt_saved_policy_is_one_line_naming_the_file(
+    saved: dict[str, Path], name: str, content: bytes, message: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:  # fmt: skip
+    import shutil
+
+    policy = tmp_path / "policy"
+    shutil.copytree(saved["policy"], policy)
+    (policy / name).write_bytes(content)
+    _refused(["eval", "--policy", str(policy), "--tasks", "Reach", "--out", str(tmp_path / "o")],
+             message, tmp_path / "o", capsys)  # fmt: skip
+
+
+def test_a_too_long_run_name_is_one_line(saved: dict[str, Path], tmp_path: Path, capsys) -> None:
+    argv = ["train", "bc", f"dataset={saved['data']}", "policy=mlp", "steps=1", "eval_episodes=0",
+            f"name={'x' * 240}", f"out={tmp_path}", "device=cpu"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "File name too long" in err and "Traceback" not in err
+
+
+def test_debug_shows_the_traceback_and_a_closed_pipe_exits_quietly(
+    saved: dict[str, Path], tmp_path: Path
+) -> None:
+    command = [sys.executable, "-m", "embodied.apps.cli", "collect", "--episodes", "0", "--debug",
+               "--out", str(tmp_path / "d")]  # fmt: skip
+    debug = subprocess.run(command, capture_output=True, text=True)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+    info = [sys.executable, "-m", "embodied.apps.cli", "dataset", "info", str(saved["data"])]
+    piped = subprocess.run(f"{' '.join(info)} | head -c 1", shell=True, capture_output=True,
+                           text=True)  # fmt: skip
+    assert "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr
