@@ -14,7 +14,8 @@ from embodied.apps.allocator import keep_freed_memory
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from embodied.apps.demo import QUICK, DemoConfig, run_demo, summary_text
+    from embodied.apps.demo import QUICK, DemoConfig, run_demo
+    from embodied.apps.demo_report import summary_text
     from embodied.core.config import load_config
 
     quick = QUICK if args.quick else []
@@ -26,46 +27,35 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_collect(args: argparse.Namespace) -> int:
-    from embodied.apps.collect import CollectConfig, run_collect
+def _config(schema: type, args: argparse.Namespace, flags: Sequence[str]) -> Any:
+    """``schema`` from the config file, then the ``--flags`` given, then ``key=value``
+    overrides (a list flag becomes ``key=[a,b]``)."""
     from embodied.core.config import load_config
 
-    flags = {
-        "task": args.task,
-        "policy": args.policy,
-        "episodes": args.episodes,
-        "out": args.out,
-        "noise": args.noise,
-        "seed": args.seed,
-        "workers": args.workers,
-        "cutoff": args.cutoff,
-        "rewind": args.rewind,
-    }
-    given = [f"{k}={v}" for k, v in flags.items() if v is not None]
-    cfg = load_config(CollectConfig, args.config, [*given, *args.overrides])
-    print(run_collect(cfg).line())
+    given = []
+    for name in flags:
+        value = getattr(args, name)
+        if isinstance(value, list):
+            given.append(f"{name}=[{','.join(value)}]")
+        elif value is not None:
+            given.append(f"{name}={value}")
+    return load_config(schema, args.config, [*given, *args.overrides])
+
+
+def _cmd_collect(args: argparse.Namespace) -> int:
+    from embodied.apps.collect import CollectConfig, run_collect
+
+    flags = ("task", "policy", "episodes", "out", "noise", "seed", "workers", "cutoff", "rewind")
+    print(run_collect(_config(CollectConfig, args, flags)).line())
     return 0
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from embodied.core.config import load_config
     from embodied.evaluation.report import EVAL_HEADERS, eval_rows, markdown_table
     from embodied.evaluation.suite import EvalConfig, run_eval
 
-    flags = {
-        "policy": args.policy,
-        "suite": args.suite,
-        "episodes": args.episodes,
-        "seed": args.seed,
-        "videos": args.videos,
-        "workers": args.workers,
-        "out": args.out,
-    }
-    given = [f"{k}={v}" for k, v in flags.items() if v is not None]
-    if args.tasks:
-        given.append(f"tasks=[{','.join(args.tasks)}]")
-    cfg = load_config(EvalConfig, args.config, [*given, *args.overrides])
-    run, results = run_eval(cfg)
+    flags = ("policy", "suite", "tasks", "episodes", "seed", "videos", "workers", "out")
+    run, results = run_eval(_config(EvalConfig, args, flags))
     print(markdown_table(EVAL_HEADERS, eval_rows(results)))
     print(f"\nreport: {run.path / 'report.html'}")
     return 0

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from embodied.datasets import LeRobotDataset, LeRobotDatasetWriter
+from embodied.rewards.labels import label_trajectories
+
 METHODS = ("procedure", "time")
 
 
@@ -38,8 +41,6 @@ def run_label(
     root: str | Path, method: str = "procedure", camera: str | None = None
 ) -> LabelSummary:
     """Label every episode of the dataset at ``root`` and store ``progress.label`` atomically."""
-    from embodied.datasets import LeRobotDataset, LeRobotDatasetWriter
-    from embodied.rewards.labels import label_trajectories
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")

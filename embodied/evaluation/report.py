@@ -79,7 +79,8 @@ def figure_png(fig: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the headless Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")  # headless: no display, no GUI toolkit
@@ -92,7 +93,7 @@ def success_plot(groups: dict[str, Sequence[Any]]) -> bytes:
     """Bars of success rate per task with Wilson 95% intervals; one bar colour per group (e.g.
     ``{"BC": results, "GRPO": results}``), each result with ``task``, ``success_rate``,
     ``ci_low`` and ``ci_high``."""
-    plt = _pyplot()
+    plt = pyplot()
     tasks = list(dict.fromkeys(r.task for results in groups.values() for r in results))
     fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(tasks) * max(len(groups), 1)), 3.2))
     width = 0.8 / max(len(groups), 1)
@@ -114,7 +115,7 @@ def success_plot(groups: dict[str, Sequence[Any]]) -> bytes:
 def progress_plot(panels: Sequence[tuple[str, Sequence[Sequence[float]], Sequence[bool]]]) -> bytes:
     """Progress over time of successful (green) vs failed (red) episodes: one panel per
     ``(title, curves, successes)``."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.6), squeeze=False)
     for ax, (title, curves, successes) in zip(axes[0], panels, strict=True):
         for curve, won in zip(curves, successes, strict=True):

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+import embodied.policies  # noqa: F401  (registers the built-in policy types)
 import embodied.sims as sims
 from embodied.core.config import SEED_MAX, seed_setting, setting, validate
 from embodied.core.policy import Policy
@@ -207,8 +208,6 @@ def _actor_factory(cfg: EvalConfig) -> tuple[Callable[[Any], Any], Any]:
         return lambda vec: ExpertActor(vec), None
     if cfg.policy == "random":
         return lambda vec: RandomActor(vec, np.random.default_rng(cfg.seed)), None
-    import embodied.policies  # noqa: F401  (registers the built-in policy types)
-
     if not (Path(cfg.policy) / "config.json").is_file():
         raise ValueError(
             f"policy must be 'expert', 'random' or a saved policy directory; {cfg.policy!r} "

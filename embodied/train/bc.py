@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+import embodied.policies  # noqa: F401  (registers the built-in policy types)
 from embodied.core.config import seed_setting, setting
 from embodied.core.policy import POLICIES, Policy
 from embodied.core.run import RunDir
@@ -56,8 +57,6 @@ class BCConfig:
 
 def build_policy(cfg: BCConfig, dataset: LeRobotDataset) -> Policy:
     """The policy named by ``cfg.policy``, shaped by the dataset, normalised by its statistics."""
-    import embodied.policies  # noqa: F401  (registers the built-in policy types)
-
     if cfg.policy not in POLICIES:
         raise ValueError(f"unknown policy {cfg.policy!r}; available: {', '.join(POLICIES)}")
     cls = POLICIES[cfg.policy]

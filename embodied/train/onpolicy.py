@@ -21,6 +21,7 @@ from embodied.rewards.models import REWARD_TYPES
 from embodied.rollout.backends import DistributedConfig
 from embodied.rollout.episodes import decision_windows
 from embodied.rollout.matching import env_options
+from embodied.sims import grouped_seeds
 from embodied.train.optim import OptimConfig
 
 
@@ -104,8 +105,6 @@ def env_kwargs(policy: Any, reward_model: RewardModel) -> dict[str, Any]:
 def rollout_groups(rollouts: Any, seeds: list[int], group_size: int, sample_seed: int) -> list:
     """``group_size`` stochastic rollouts from each seed, group by group, decisions recorded, on
     a ``embodied.rollout.backends`` backend (local or Ray: the same trajectories either way)."""
-    from embodied.sims.vector import grouped_seeds
-
     return rollouts.run(grouped_seeds(seeds, group_size), sample_seed, deterministic=False)
 
 

@@ -30,7 +30,10 @@ import torch
 from embodied.core.config import seed_setting, setting
 from embodied.core.nn import UNKNOWN_WORD, build_vocab
 from embodied.core.run import RunDir
+from embodied.datasets import LeRobotDataset
+from embodied.datasets.training import RewardDataset
 from embodied.rewards.labels import rewind_order, rewind_split
+from embodied.rewards.metrics import success_auroc, voc_summary
 from embodied.rewards.progress import ProgressConfig, ProgressRewardModel, augment_frames
 from embodied.train.loop import Trainer, batch_indices, begin
 from embodied.train.optim import OptimConfig
@@ -201,8 +204,6 @@ def make_batch(
 def evaluate_progress(model: Any, clips: Any, episodes: list[int], max_frames: int) -> dict:
     """VOC (successful and all episodes), success AUROC of the final progress and of the success
     head, and MAE vs the label, on whole episodes scored causally at ``max_frames`` frames."""
-    from embodied.rewards.metrics import success_auroc, voc_summary
-
     was_training = model.training
     model.eval()
     preds, finals, probs, outcomes, errors = [], [], [], [], []
@@ -273,9 +274,6 @@ def pretrained_model(
 
 def train_reward(cfg: RewardTrainConfig) -> RunDir:
     """Train, validate, checkpoint; return the run directory (final model in ``model/``)."""
-    from embodied.datasets import LeRobotDataset
-    from embodied.datasets.training import RewardDataset
-
     device = begin(cfg)
     dataset = LeRobotDataset(cfg.dataset)
     if cfg.label_key not in dataset.features:

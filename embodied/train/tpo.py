@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import embodied.sims as sims
 from embodied.core.config import seed_setting, setting
 from embodied.core.run import RunDir
 from embodied.evaluation.results import collisions_per_episode
@@ -122,8 +123,6 @@ def decisions_of(data: Any, trajectories: list[int]) -> Any:
 
 def train_tpo(cfg: TPOConfig) -> RunDir:
     """Run TPO; return the run directory (final policy in ``policy/``)."""
-    import embodied.sims as sims
-
     device = begin(cfg)
     policy = load_policy(cfg.policy, cfg.policy_overrides, device).eval()
     initial = copy.deepcopy(policy).requires_grad_(False) if cfg.reference == "initial" else None
