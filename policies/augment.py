@@ -126,7 +126,11 @@ class PlanarAugment:
         augmentation about ``center``, from the data's (other keys are kept)."""
 
         def turned(
-            stats: Mapping[str, Any], pairs: list[tuple[int, int]], angle: float, c, shift: float
+            stats: Mapping[str, Any],
+            pairs: list[tuple[int, int]],
+            angle: float,
+            c: Sequence[float],
+            shift: float,
         ) -> dict[str, Any]:
             mean = np.asarray(stats["mean"], dtype=np.float64).reshape(-1).copy()
             std = np.asarray(stats["std"], dtype=np.float64).reshape(-1).copy()

@@ -23,9 +23,10 @@ Training (``bc_loss``), flow matching on normalised chunks ``x_1``::
 ``tau = sigmoid(n)``, ``n ~ N(0, 1)`` (SD3). The draws use the global RNG, ``x_0`` first, then
 ``tau``. BC trains only the velocity field; the noise network gets no gradient from it.
 
-Sampling (``act``): a plain Euler integrator written out (not diffusers'
-``FlowMatchEulerDiscreteScheduler``, whose grid ends at ``sigma = 1 / num_train_timesteps``)
-over ``K = num_inference_steps`` uniform steps ``tau_k = k / K``, ``dt = 1 / K``::
+Sampling (``act``, the chain of ``policies/sampler.py``): a plain Euler integrator written out
+(not diffusers' ``FlowMatchEulerDiscreteScheduler``, whose grid ends at
+``sigma = 1 / num_train_timesteps``) over ``K = num_inference_steps`` uniform steps
+``tau_k = k / K``, ``dt = 1 / K``::
 
     mean_k = x_k + v_theta(x_k, tau_k, cond) dt                         # Euler step
 
@@ -62,26 +63,23 @@ environment.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from embodied.core.policy import ActionOutput, register_policy
-from embodied.core.sampling import randn
-from embodied.policies.diffusion import (
-    DiffusionConfig,
-    DiffusionNet,
-    DiffusionPolicy,
-    SinusoidalPosEmb,
-)
+from embodied.core.policy import register_policy
+from embodied.policies.base import check_choice
+from embodied.policies.diffusion.config import DiffusionConfig
+from embodied.policies.diffusion.policy import DiffusionNet, DiffusionPolicy
+from embodied.policies.diffusion.unet import SinusoidalPosEmb
+from embodied.policies.sampler import Step, euler_step
 
 TAU_SAMPLINGS = ("uniform", "beta", "logit_normal")
 
 
-# Config fields that DiffusionPolicy.config_from_dataset derives from a dataset.
 @dataclass
 class FlowConfig(DiffusionConfig):
     """``DiffusionConfig`` plus the flow-matching and ReinFlow settings (saved to ``config.json``).
@@ -115,10 +113,7 @@ class FlowConfig(DiffusionConfig):
             raise ValueError(
                 f"FlowConfig.noise_hidden_dims must be ints >= 1, got {self.noise_hidden_dims}"
             )
-        if self.tau_sampling not in TAU_SAMPLINGS:
-            raise ValueError(
-                f"FlowConfig.tau_sampling must be one of {TAU_SAMPLINGS}, got {self.tau_sampling!r}"
-            )
+        check_choice(self, "tau_sampling", TAU_SAMPLINGS)
         if not self.timestep_scale > 0:
             raise ValueError(f"FlowConfig.timestep_scale must be > 0, got {self.timestep_scale}")
 
@@ -157,15 +152,18 @@ class FlowPolicy(DiffusionPolicy):
 
     config_class = FlowConfig
     config: FlowConfig
+    time_key: ClassVar[str] = "taus"
 
     def __init__(self, config: FlowConfig) -> None:
         super().__init__(config)
         self.noise_net = NoiseNet(config, self.model.global_cond_dim)
 
     def build_sampler(self) -> None:
-        """Euler grid ``tau_k = k / K`` (replaces the DDPM/DDIM schedules, which do not apply)."""
+        """Euler grid ``tau_k = k / K`` as ``sampling_times`` (replaces the DDPM/DDIM schedules,
+        which do not apply)."""
         k = self.config.num_inference_steps
-        self.register_buffer("taus", torch.arange(k, dtype=torch.float32) / k, persistent=False)
+        times = torch.arange(k, dtype=torch.float32) / k
+        self.register_buffer("sampling_times", times, persistent=False)
 
     # --- the flow ------------------------------------------------------------------------------
     @property
@@ -182,11 +180,6 @@ class FlowPolicy(DiffusionPolicy):
     def noise_std(self, x: torch.Tensor, tau: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         """ReinFlow's ``sigma_theta(x, tau, cond)`` ``[B, T, A]``."""
         return self.noise_net(x, tau * self.config.timestep_scale, cond)
-
-    @staticmethod
-    def euler_step(x: torch.Tensor, v: torch.Tensor, dt: float) -> torch.Tensor:
-        """``x + v dt``."""
-        return x + v * dt
 
     def sample_tau(self, batch: int) -> torch.Tensor:
         """Training times ``[batch]`` from ``tau_sampling`` (global RNG)."""
@@ -211,61 +204,20 @@ class FlowPolicy(DiffusionPolicy):
         x_tau = (1 - t) * x0 + t * x1
         return self.masked_mse(self.velocity(net, x_tau, tau, cond), x1 - x0, keep)
 
-    # --- the Policy interface -----------------------------------------------------------------
-    @torch.no_grad()
-    def act(
-        self,
-        obs: Mapping[str, Any],
-        instructions: Sequence[str],
-        deterministic: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> ActionOutput:
-        """Sample a chunk: ``actions [B, n_action_steps, A]`` (raw), ``log_prob [B]``, and the
-        Euler ``chain`` / ``taus`` / per-step ``log_probs`` in ``policy_outputs``."""
-        config = self.config
-        net, cond, x = self.start_chain(obs, instructions, deterministic, generator)
-        batch, shape = x.shape[0], x.shape
-        first_tuned = config.num_inference_steps - config.finetune_steps
-        chain, taus, log_probs = [], [], []
-        for i, tau in enumerate(self.taus):
-            tau_batch = tau.expand(batch)
-            mean = self.euler_step(x, self.velocity(net, x, tau_batch, cond), self.dt)
-            if i < first_tuned:  # not fine-tuned: a plain Euler step
-                x = mean
-                continue
-            if not chain:
-                chain.append(x)
-            std = self.noise_std(x, tau_batch, cond)
-            noise = 0.0 if deterministic else randn(shape, generator, device=cond.device)
-            x = mean + std * noise
-            chain.append(x)
-            taus.append(tau_batch)
-            log_probs.append(self.gaussian_log_prob(x, mean, std))
-        step_log_probs = torch.stack(log_probs, dim=1)  # [B, K]
-        return ActionOutput(
-            actions=self.executed_actions(x),
-            log_prob=step_log_probs.sum(dim=1),
-            policy_outputs={
-                "chain": torch.stack(chain, dim=1),  # [B, K + 1, horizon, A]
-                "taus": torch.stack(taus, dim=1),  # [B, K]
-                "log_probs": step_log_probs,  # [B, K]
-            },
-        )
-
-    def log_prob(
-        self,
-        obs: Mapping[str, Any],
-        instructions: Sequence[str],
-        policy_outputs: Mapping[str, Any],
+    # --- the chain steps ---------------------------------------------------------------------
+    def noiseless_step(
+        self, net: DiffusionNet, x: torch.Tensor, tau: torch.Tensor, cond: torch.Tensor
     ) -> torch.Tensor:
-        """Per-Euler-step log-densities ``[B, K]`` of a recorded chain, with gradients reaching
-        the velocity field and the noise network."""
-        net, cond, tau, x, x_next, k = self.recorded_chain(
-            obs, instructions, policy_outputs, "taus", torch.float32
-        )
-        mean = self.euler_step(x, self.velocity(net, x, tau, cond), self.dt)
-        std = self.noise_std(x, tau, cond)
-        return self.gaussian_log_prob(x_next, mean, std).reshape(-1, k)
+        """A step that is not fine-tuned: the Euler step ``x + v_theta dt``."""
+        return euler_step(x, self.velocity(net, x, tau, cond), self.dt)
+
+    def gaussian_step(
+        self, net: DiffusionNet, x: torch.Tensor, tau: torch.Tensor, cond: torch.Tensor
+    ) -> Step:
+        """A fine-tuned step: ``N(x + v_theta dt, sigma_theta^2)`` (its noiseless update is the
+        Euler mean)."""
+        mean = euler_step(x, self.velocity(net, x, tau, cond), self.dt)
+        return Step(mean, self.noise_std(x, tau, cond), mean)
 
 
 __all__ = ["FlowConfig", "FlowPolicy", "NoiseNet"]

@@ -40,9 +40,16 @@ from torch import nn
 from embodied.core.features import ENV_STATE_KEY, STATE_KEY, ActionSpec, ObservationSpec
 from embodied.core.policy import ActionOutput, register_policy
 from embodied.core.sampling import randn
-from embodied.policies.base import NormalizedPolicy, dataset_state_values
+from embodied.policies.base import (
+    ACTION_HIGH,
+    ACTION_LOW,
+    NormalizedPolicy,
+    check_ints,
+    dataset_state_values,
+    newest_step,
+    require_features,
+)
 
-ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # the env action box (sims/conventions.py: Box(-1, 1))
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -62,15 +69,7 @@ class MLPConfig:
 
     def __post_init__(self) -> None:
         """Refuse sizes and bounds that cannot build a policy, naming the field."""
-        for name, low in (
-            ("state_dim", 1),
-            ("action_dim", 1),
-            ("n_obs_steps", 1),
-            ("env_state_dim", 0),
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < low:
-                raise ValueError(f"MLPConfig.{name} must be an int >= {low}, got {value!r}")
+        check_ints(self, {"state_dim": 1, "action_dim": 1, "n_obs_steps": 1, "env_state_dim": 0})
         self.hidden = list(self.hidden)
         if not all(isinstance(h, int) and h >= 1 for h in self.hidden):
             raise ValueError(f"MLPConfig.hidden must be positive ints, got {self.hidden!r}")
@@ -116,9 +115,7 @@ class MLPPolicy(NormalizedPolicy):
         Uses the privileged environment state when the dataset has it (the MLP sees no images);
         ``env_state_dim=0`` in ``overrides`` turns that off. ``tasks`` and ``horizon`` are unused.
         """
-        missing = [k for k in (STATE_KEY, "action") if k not in features]
-        if missing:
-            raise ValueError(f"dataset has no {missing} features; features: {sorted(features)}")
+        require_features(features, (STATE_KEY, "action"))
         sizes = {
             **dataset_state_values(features),
             "action_dim": int(features["action"]["shape"][-1]),
@@ -148,35 +145,21 @@ class MLPPolicy(NormalizedPolicy):
         return ActionSpec(self.config.action_dim, 1)
 
     # --- the distribution ---------------------------------------------------------------------
-    def _last_step(self, obs: Mapping[str, Any], key: str, dim: int) -> torch.Tensor:
-        """The newest step ``[B, dim]`` of one observation feature, checked and on our device."""
-        if key not in obs:
-            raise ValueError(f"observation has no {key!r}; keys: {sorted(obs)}")
-        x = torch.as_tensor(obs[key], device=self.device, dtype=torch.float32)
-        if x.ndim not in (2, 3) or x.shape[-1] != dim:
-            raise ValueError(
-                f"{key} has shape {tuple(x.shape)}, the policy expects [B, {dim}] or "
-                f"[B, n_obs, {dim}]"
-            )
-        return x[:, -1] if x.ndim == 3 else x
-
     def _features(self, obs: Mapping[str, Any]) -> torch.Tensor:
         """Normalised MLP input ``[B, state_dim + env_state_dim]``."""
-        parts = [
-            self.state_normalizer.normalize(self._last_step(obs, STATE_KEY, self.config.state_dim))
-        ]
+        config = self.config
+        state = newest_step(obs, STATE_KEY, (config.state_dim,), torch.float32, self.device)
+        parts = [self.state_normalizer.normalize(state)]
         if self.env_state_normalizer is not None:
-            env_state = self._last_step(obs, ENV_STATE_KEY, self.config.env_state_dim)
-            if env_state.shape[0] != parts[0].shape[0]:
+            trailing = (config.env_state_dim,)
+            env_state = newest_step(obs, ENV_STATE_KEY, trailing, torch.float32, self.device)
+            if env_state.shape[0] != state.shape[0]:
                 raise ValueError(
                     f"{ENV_STATE_KEY} has batch {env_state.shape[0]}, {STATE_KEY} has "
-                    f"{parts[0].shape[0]}"
+                    f"{state.shape[0]}"
                 )
             parts.append(self.env_state_normalizer.normalize(env_state))
-        x = torch.cat(parts, dim=-1)
-        if not torch.isfinite(x).all():
-            raise ValueError("observation holds NaN or infinite values")
-        return x
+        return torch.cat(parts, dim=-1)
 
     def distribution(self, obs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean ``[B, A]`` and clamped log-std ``[A]`` of the normalised-action Gaussian."""

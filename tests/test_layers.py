@@ -53,3 +53,18 @@ def test_a_wrong_import_breaks_a_contract(
     result = _lint(checkout)
     assert result.returncode != 0
     assert broken in result.stdout and "BROKEN" in result.stdout, result.stdout
+
+
+def test_pyproject_lists_every_package_so_a_wheel_is_complete() -> None:
+    """setuptools' explicit package list (needed beside package-dir) must name every folder
+    with an ``__init__.py``, or an installed toolkit lacks it."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    mapping = {"embodied": "embodied", **config["package-dir"]}
+    found = set()
+    for package, folder in mapping.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join([package, *parts]))
+    assert found == set(config["packages"])

@@ -15,7 +15,8 @@ import torch
 
 from embodied.core.policy import Policy
 from embodied.policies import POLICIES, make_policy
-from embodied.policies.vla import VLAConfig, VLAPolicy, build_word_tokenizer
+from embodied.policies.vla import VLAConfig, VLAPolicy
+from embodied.policies.vla.backbone import build_word_tokenizer
 
 INSTRUCTIONS = ["Reach the red block", "go to the BLUE block", "unknown words only", ""]
 STATS = {

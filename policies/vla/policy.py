@@ -1,21 +1,5 @@
 """A vision-language-action policy (OpenVLA-style): a Hugging Face image-text-to-text backbone
-that emits discretised actions as tokens.
-
-Backbone (``VLAConfig.backbone_path``):
-
-- ``""`` (default): a tiny, randomly initialised ``LlavaForConditionalGeneration`` built from
-  configs (a SigLIP vision tower of ``vision_layers`` layers over ``patch_size`` patches, a
-  2-layer projector and a Llama decoder of ``text_layers`` layers) and a word-level tokenizer
-  (``tokenizers`` ``WordLevel`` over ``vocab``, the dataset's instruction words, wrapped as a
-  ``PreTrainedTokenizerFast``). A few hundred thousand to a few million parameters: CPU sized.
-- a local directory: loaded with ``AutoModelForImageTextToText`` / ``AutoTokenizer`` (and the
-  ``AutoProcessor``'s image mean/std when it has one), offline (``local_files_only``), never with
-  remote code. The model must offer ``get_image_features(pixel_values=...)``, a decoder
-  (``get_decoder()``) that accepts ``inputs_embeds`` and ``past_key_values``, and an output
-  embedding (Llava, PaliGemma, Idefics3-style models do). Tied input/output embeddings are untied
-  (the head is copied) so the weights save as safetensors. ``from_pretrained`` of a saved policy
-  needs the same directory again (for the architecture and tokenizer), then loads the saved
-  weights over it.
+(``backbone.py``: a tiny Llava or a local model) that emits discretised actions as tokens.
 
 Input sequence of one decision (embeddings, no attention mask: every position is attended)::
 
@@ -71,9 +55,7 @@ Executed actions: bin centres (raw units), clipped to the env box [-1, 1].
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -81,275 +63,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from embodied.core.features import ENV_STATE_KEY, STATE_KEY, ActionSpec, ObservationSpec
-from embodied.core.nn import (
-    UNKNOWN_WORD,
-    Normalizer,
-    ObjectTokens,
-    build_vocab,
-    mean_embedding,
-    object_groups,
-    tokenize_words,
-)
+from embodied.core.nn import Normalizer, ObjectTokens, build_vocab, mean_embedding, tokenize_words
 from embodied.core.policy import ActionOutput, Policy, register_policy
-from embodied.core.sampling import multinomial
+from embodied.core.sampling import Generators, multinomial
 from embodied.policies.base import (
-    check_env_state_encoder,
+    ACTION_HIGH,
+    ACTION_LOW,
+    check_instructions,
     config_observation_spec,
+    dataset_cameras,
     dataset_state_values,
     env_state_values,
+    fit_normalizers,
+    newest_step,
+    require_features,
 )
-
-ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # the env action box (sims/conventions.py: Box(-1, 1))
-PAD_TOKEN, BOS_TOKEN, UNK_TOKEN, IMAGE_TOKEN = "<pad>", "<bos>", UNKNOWN_WORD, "<image>"
-SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, UNK_TOKEN, IMAGE_TOKEN]  # ids 0..3 of the tiny vocab
-
-
-@dataclass
-class VLAConfig:
-    """Sizes, action tokenizer and decoding settings of ``VLAPolicy`` (saved to ``config.json``)."""
-
-    action_dim: int
-    state_dim: int = 0  # 0 = no observation.state input
-    state_names: list[str] = field(default_factory=list)  # the state values' names, when known
-    env_state_dim: int = 0  # > 0: also read the privileged observation.environment_state
-    env_state_names: list[str] = field(default_factory=list)  # "object.quantity" per value
-    env_state_encoder: str = "flat"  # "flat": into the proprio MLP; "objects": a token per object
-    object_relative: bool = False  # "objects": add each object's offset from the hand (xyz)
-    image_keys: list[str] = field(default_factory=lambda: ["observation.image"])
-    image_size: int = 64  # expected (square) camera size; the tiny vision tower's input size
-    n_obs_steps: int = 1  # observation steps a window holds (only the newest is read)
-    horizon: int = 8  # actions per BC window
-    n_action_steps: int = 4  # the chunk: actions decoded and executed per decision
-    use_proprio: bool = True  # proprio tokens from the state(s)
-    n_proprio_tokens: int = 1
-    vocab: list[str] = field(default_factory=list)  # instruction words of the tiny tokenizer
-    max_instruction_tokens: int = 16
-    n_bins: int = 256
-    action_range: str = "min_max"  # bin bounds from the dataset's "min_max" or "quantile" (q01/q99)
-    temperature: float = 1.0
-    backbone_path: str = ""  # a local image-text-to-text model directory; "" = tiny Llava
-    # The tiny backbone (ignored with backbone_path):
-    patch_size: int = 8
-    vision_hidden_size: int = 64
-    vision_layers: int = 2
-    vision_heads: int = 2
-    vision_intermediate_size: int = 128
-    hidden_size: int = 128
-    text_layers: int = 4
-    text_heads: int = 4
-    text_intermediate_size: int = 256
-    image_mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-    image_std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-    attn_implementation: str = "sdpa"
-
-    def __post_init__(self) -> None:
-        """Refuse settings that cannot build a policy, naming the field."""
-        self.image_keys = list(self.image_keys)
-        self.vocab = [str(w) for w in self.vocab]
-        self.image_mean = [float(v) for v in self.image_mean]
-        self.image_std = [float(v) for v in self.image_std]
-        for name, low in (
-            ("action_dim", 1),
-            ("state_dim", 0),
-            ("env_state_dim", 0),
-            ("image_size", 8),
-            ("n_obs_steps", 1),
-            ("horizon", 1),
-            ("n_action_steps", 1),
-            ("n_proprio_tokens", 1),
-            ("max_instruction_tokens", 1),
-            ("n_bins", 2),
-            ("patch_size", 1),
-            ("vision_hidden_size", 1),
-            ("vision_layers", 1),
-            ("vision_heads", 1),
-            ("vision_intermediate_size", 1),
-            ("hidden_size", 1),
-            ("text_layers", 1),
-            ("text_heads", 1),
-            ("text_intermediate_size", 1),
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"VLAConfig.{name} must be an int >= {low}, got {value!r}")
-        if self.n_obs_steps - 1 + self.n_action_steps > self.horizon:
-            raise ValueError(
-                f"VLAConfig needs n_obs_steps - 1 + n_action_steps <= horizon, got "
-                f"{self.n_obs_steps} - 1 + {self.n_action_steps} > {self.horizon}"
-            )
-        if not self.image_keys:
-            raise ValueError("VLAConfig.image_keys must name at least one camera")
-        for key in self.image_keys:
-            if key != "observation.image" and not key.startswith("observation.images."):
-                raise ValueError(
-                    f"VLAConfig.image_keys: {key!r} is not 'observation.image' or "
-                    "'observation.images.<camera>'"
-                )
-        check_env_state_encoder(self)
-        if self.object_relative and (self.env_state_encoder != "objects" or self.state_dim < 3):
-            raise ValueError(
-                "VLAConfig.object_relative needs env_state_encoder='objects' and an "
-                f"observation.state starting with the hand's xyz (state_dim >= 3), got "
-                f"env_state_encoder={self.env_state_encoder!r}, state_dim={self.state_dim}"
-            )
-        if not isinstance(self.use_proprio, bool):
-            raise ValueError(f"VLAConfig.use_proprio must be a bool, got {self.use_proprio!r}")
-        if self.action_range not in ("min_max", "quantile"):
-            raise ValueError(
-                f"VLAConfig.action_range must be 'min_max' or 'quantile', got {self.action_range!r}"
-            )
-        if not (isinstance(self.temperature, int | float) and self.temperature > 0):
-            raise ValueError(f"VLAConfig.temperature must be > 0, got {self.temperature!r}")
-        self.temperature = float(self.temperature)
-        if not isinstance(self.backbone_path, str):
-            raise ValueError(f"VLAConfig.backbone_path must be a str, got {self.backbone_path!r}")
-        if not self.backbone_path:
-            if self.image_size % self.patch_size:
-                raise ValueError(
-                    f"VLAConfig.image_size={self.image_size} must be divisible by "
-                    f"patch_size={self.patch_size}"
-                )
-            for hidden, heads in (
-                ("vision_hidden_size", "vision_heads"),
-                ("hidden_size", "text_heads"),
-            ):
-                if getattr(self, hidden) % getattr(self, heads):
-                    raise ValueError(
-                        f"VLAConfig.{hidden}={getattr(self, hidden)} must be divisible by "
-                        f"{heads}={getattr(self, heads)}"
-                    )
-            if (self.hidden_size // self.text_heads) % 2:
-                raise ValueError(
-                    f"VLAConfig: hidden_size / text_heads = {self.hidden_size // self.text_heads}"
-                    " must be even (rotary embeddings)"
-                )
-        for name in ("image_mean", "image_std"):
-            values = getattr(self, name)
-            if len(values) != 3 or (name == "image_std" and min(values) <= 0):
-                raise ValueError(f"VLAConfig.{name} must be 3 values (std > 0), got {values}")
-        bad = [w for w in self.vocab if not w or w in SPECIAL_TOKENS or tokenize_words(w) != [w]]
-        if bad or len(set(self.vocab)) != len(self.vocab):
-            raise ValueError(
-                f"VLAConfig.vocab must be distinct lower-case alphanumeric words, got bad entries "
-                f"{bad or 'duplicates'}"
-            )
-        if self.attn_implementation not in ("sdpa", "eager"):
-            raise ValueError(
-                f"VLAConfig.attn_implementation must be 'sdpa' or 'eager', "
-                f"got {self.attn_implementation!r}"
-            )
-
-    @property
-    def proprio_dim(self) -> int:
-        """Width of the proprio MLP's input (0 = no proprio tokens)."""
-        if not self.use_proprio:
-            return 0
-        return self.state_dim + (self.env_state_dim if self.env_state_encoder == "flat" else 0)
-
-    @property
-    def num_object_tokens(self) -> int:
-        """Prompt tokens of the environment state's objects (``env_state_encoder="objects"``)."""
-        if self.env_state_encoder != "objects":
-            return 0
-        return len(object_groups(self.env_state_names))
-
-    @property
-    def num_action_tokens(self) -> int:
-        """Tokens per decision: ``n_action_steps * action_dim``."""
-        return self.n_action_steps * self.action_dim
-
-
-# --- the tiny backbone and its tokenizer --------------------------------------------------------
-def build_word_tokenizer(words: Sequence[str], n_bins: int) -> Any:
-    """A ``PreTrainedTokenizerFast`` over ``SPECIAL_TOKENS + words + <act_0..n_bins-1>``: lower-case
-    alphanumeric words (what ``tokenize_words`` splits), anything unknown -> ``<unk>``."""
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tokens = [*SPECIAL_TOKENS, *words, *(f"<act_{i}>" for i in range(n_bins))]
-    model = models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token=UNK_TOKEN)
-    tokenizer = Tokenizer(model)
-    tokenizer.normalizer = normalizers.Sequence(
-        [normalizers.Lowercase(), normalizers.Replace(Regex("[^a-z0-9]+"), " ")]
-    )
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token=PAD_TOKEN, bos_token=BOS_TOKEN, unk_token=UNK_TOKEN
-    )
-
-
-def build_tiny_backbone(config: VLAConfig, vocab_size: int) -> nn.Module:
-    """A randomly initialised tiny ``LlavaForConditionalGeneration`` (SigLIP vision, Llama text)."""
-    from transformers import (
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        SiglipVisionConfig,
-    )
-
-    vision = SiglipVisionConfig(
-        image_size=config.image_size,
-        patch_size=config.patch_size,
-        hidden_size=config.vision_hidden_size,
-        intermediate_size=config.vision_intermediate_size,
-        num_hidden_layers=config.vision_layers,
-        num_attention_heads=config.vision_heads,
-        vision_use_head=False,
-    )
-    n_tokens = (
-        1
-        + len(config.image_keys) * (config.image_size // config.patch_size) ** 2
-        + config.n_proprio_tokens
-        + config.num_object_tokens
-        + config.max_instruction_tokens
-        + config.num_action_tokens
-    )
-    text = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.text_intermediate_size,
-        num_hidden_layers=config.text_layers,
-        num_attention_heads=config.text_heads,
-        num_key_value_heads=config.text_heads,
-        max_position_embeddings=max(512, 2 ** math.ceil(math.log2(n_tokens))),
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=None,
-        tie_word_embeddings=False,
-    )
-    llava = LlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_id=SPECIAL_TOKENS.index(IMAGE_TOKEN),
-        vision_feature_layer=-1,
-        vision_feature_select_strategy="full",  # SigLIP has no CLS token to drop
-        projector_hidden_act="gelu",
-        tie_word_embeddings=False,
-    )
-    llava._attn_implementation = config.attn_implementation
-    return LlavaForConditionalGeneration(llava)
-
-
-def load_backbone(path: str, attn_implementation: str) -> tuple[nn.Module, Any, Any]:
-    """A local image-text-to-text model, its tokenizer and (if any) image processor; offline."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
-
-    model = AutoModelForImageTextToText.from_pretrained(
-        path, local_files_only=True, attn_implementation=attn_implementation
-    ).float()
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    try:
-        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-        image_processor = getattr(processor, "image_processor", processor)
-    except (OSError, ValueError, TypeError):
-        image_processor = None
-    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    if head.weight is embed.weight:  # untie: safetensors refuses shared tensors
-        head.weight = nn.Parameter(head.weight.detach().clone())
-        model.config.tie_word_embeddings = False
-        if hasattr(model.config, "text_config"):
-            model.config.text_config.tie_word_embeddings = False
-    return model, tokenizer, image_processor
+from embodied.policies.vla.backbone import build_backbone, image_features, padded_ids
+from embodied.policies.vla.config import VLAConfig
 
 
 @register_policy("vla")
@@ -361,23 +91,9 @@ class VLAPolicy(Policy):
 
     def __init__(self, config: VLAConfig) -> None:
         super().__init__(config)
-        mean, std = config.image_mean, config.image_std
-        if config.backbone_path:
-            self.backbone, self.tokenizer, processor = load_backbone(
-                config.backbone_path, config.attn_implementation
-            )
-            vision = getattr(self.backbone.config, "vision_config", None)
-            self.vision_size = int(getattr(vision, "image_size", config.image_size))
-            if processor is not None and getattr(processor, "image_mean", None) is not None:
-                mean, std = list(processor.image_mean), list(processor.image_std)
-            vocab_end = min(
-                len(self.tokenizer), self.backbone.get_output_embeddings().weight.shape[0]
-            )
-        else:
-            self.tokenizer = build_word_tokenizer(config.vocab, config.n_bins)
-            self.backbone = build_tiny_backbone(config, len(self.tokenizer))
-            self.vision_size = config.image_size
-            vocab_end = len(self.tokenizer)
+        built = build_backbone(config)
+        self.backbone, self.tokenizer = built.model, built.tokenizer
+        self.vision_size, vocab_end = built.vision_size, built.vocab_end
         if vocab_end <= config.n_bins:
             raise ValueError(f"the vocabulary ({vocab_end}) is smaller than n_bins={config.n_bins}")
         self.action_token_start = vocab_end - config.n_bins
@@ -386,8 +102,9 @@ class VLAPolicy(Policy):
         bos = self.tokenizer.bos_token_id
         self.bos_ids = [] if bos is None else [int(bos)]
         hidden = self.backbone.get_input_embeddings().weight.shape[1]
-        self.register_buffer("image_mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("image_std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
+        mean, std = torch.tensor(built.image_mean), torch.tensor(built.image_std)
+        self.register_buffer("image_mean", mean.view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("image_std", std.view(1, 3, 1, 1), persistent=False)
         self.state_normalizer = (
             Normalizer(config.state_dim, "mean_std")
             if config.use_proprio and config.state_dim > 0
@@ -415,11 +132,7 @@ class VLAPolicy(Policy):
         )
         if self.object_tokens is not None:  # object names, embedded with the backbone's words
             texts = [name.replace("_", " ") for name in self.object_tokens.object_names]
-            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-            length = max(len(row) for row in ids)
-            name_ids = torch.full((len(ids), length), self.pad_id, dtype=torch.long)
-            for o, row in enumerate(ids):
-                name_ids[o, : len(row)] = torch.tensor(row, dtype=torch.long)
+            name_ids = padded_ids(self.tokenizer, texts, self.pad_id)
             self.register_buffer("name_ids", name_ids, persistent=False)
             self.register_buffer("name_mask", name_ids != self.pad_id, persistent=False)
         # Bin bounds of the action tokenizer (raw units), set by fit_normalizers.
@@ -438,22 +151,16 @@ class VLAPolicy(Policy):
         """A config shaped by a LeRobot dataset (what ``embodied train bc`` calls): its cameras
         (square, one size), action size, states (proprio tokens when present), the words of its
         instructions, and a chunk filling the BC window unless ``n_action_steps`` is given."""
-        if "action" not in features:
-            raise ValueError(f"dataset has no 'action' feature; features: {sorted(features)}")
-        image_keys = [k for k, f in features.items() if f.get("dtype") == "video"]
+        require_features(features, ("action",))
+        image_keys, image_size = dataset_cameras(features)
         if not image_keys:
             raise ValueError(f"the VLA needs a camera; dataset features: {sorted(features)}")
-        sizes = {features[k]["shape"][0] for k in image_keys} | {
-            features[k]["shape"][1] for k in image_keys
-        }
-        if len(sizes) > 1:
-            raise ValueError(f"cameras must share one square size, got sizes {sorted(sizes)}")
         tasks = list(tasks)
         env_values, texts = env_state_values(features, tasks)
         values: dict[str, Any] = {
             "action_dim": int(features["action"]["shape"][-1]),
             "image_keys": image_keys,
-            "image_size": int(sizes.pop()),
+            "image_size": image_size,
             "vocab": build_vocab(texts)[1:],
             **env_values,
         }
@@ -468,18 +175,8 @@ class VLAPolicy(Policy):
 
     def fit_normalizers(self, stats: Mapping[str, Mapping[str, Any]]) -> VLAPolicy:
         """State normalisers (mean/std) and the action bins' bounds (min/max or q01/q99)."""
-        needed = ["action"]
-        if self.state_normalizer is not None:
-            needed.append(STATE_KEY)
-        if self.env_state_normalizer is not None:
-            needed.append(ENV_STATE_KEY)
-        missing = [k for k in needed if k not in stats]
-        if missing:
-            raise ValueError(f"statistics lack {missing}; given: {sorted(stats)}")
-        if self.state_normalizer is not None:
-            self.state_normalizer.fit(stats[STATE_KEY])
-        if self.env_state_normalizer is not None:
-            self.env_state_normalizer.fit(stats[ENV_STATE_KEY])
+        normalizers = {STATE_KEY: self.state_normalizer, ENV_STATE_KEY: self.env_state_normalizer}
+        fit_normalizers(stats, normalizers, needed=["action"])
         low_key, high_key = (
             ("min", "max") if self.config.action_range == "min_max" else ("q01", "q99")
         )
@@ -561,57 +258,12 @@ class VLAPolicy(Policy):
         return self.decode_actions(bins.reshape(*ids.shape[:-1], ids.shape[-1] // a, a))
 
     # --- observations -> prefix embeddings --------------------------------------------------------
-    def _newest(
-        self, obs: Mapping[str, Any], key: str, trailing: tuple[int, ...], dtype: torch.dtype
-    ) -> torch.Tensor:
-        """The newest step ``[B, *trailing]`` of a feature given as ``[B, n_obs, *trailing]`` or
-        ``[B, *trailing]``; shape, dtype and finiteness checked, naming the key."""
-        if key not in obs:
-            raise ValueError(f"observation has no {key!r}; keys: {sorted(obs)}")
-        x = torch.as_tensor(obs[key], device=self.device)
-        shape = tuple(x.shape)
-        n = len(trailing)
-        if x.ndim not in (n + 1, n + 2) or shape[-n:] != trailing:
-            expected = ", ".join(map(str, trailing))
-            raise ValueError(
-                f"observation {key!r} has shape {shape}, the policy expects (B, n_obs, {expected}) "
-                f"or (B, {expected})"
-            )
-        if dtype == torch.uint8 and x.dtype != torch.uint8:
-            raise ValueError(f"observation {key!r} must be uint8 images, got {x.dtype} {shape}")
-        x = x[:, -1] if x.ndim == n + 2 else x
-        if dtype != torch.uint8:
-            x = x.to(dtype)
-            if not torch.isfinite(x).all():
-                raise ValueError(f"observation {key!r} holds NaN or infinite values")
-        return x
-
     def _instruction_ids(self, instructions: Sequence[str], batch: int) -> torch.Tensor:
         """``[B, max_instruction_tokens]`` ids, left-padded, truncated to the slot."""
-        if isinstance(instructions, str) or len(instructions) != batch:
-            got = "a single string" if isinstance(instructions, str) else f"{len(instructions)}"
-            raise ValueError(f"need {batch} instructions (one per observation), got {got}")
+        check_instructions(instructions, batch)
         length = self.config.max_instruction_tokens
-        rows = self.tokenizer([str(t) for t in instructions], add_special_tokens=False)["input_ids"]
-        ids = torch.full((batch, length), self.pad_id, dtype=torch.long)
-        for b, row in enumerate(rows):
-            row = row[:length]
-            if row:
-                ids[b, length - len(row) :] = torch.tensor(row, dtype=torch.long)
+        ids = padded_ids(self.tokenizer, instructions, self.pad_id, length, left=True)
         return ids.to(self.device)
-
-    def image_features(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 ``[N, H, W, 3]`` -> projected vision tokens ``[N, n_tokens, hidden]``."""
-        x = images.permute(0, 3, 1, 2).float() / 255.0
-        if x.shape[-2:] != (self.vision_size, self.vision_size):
-            size = (self.vision_size, self.vision_size)
-            x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
-        x = (x - self.image_mean) / self.image_std
-        out = self.backbone.get_image_features(pixel_values=x)
-        features = getattr(out, "pooler_output", out)
-        if isinstance(features, list | tuple):
-            features = torch.stack(list(features))
-        return features.reshape(x.shape[0], -1, features.shape[-1])
 
     def prefix_embeddings(
         self, obs: Mapping[str, Any], instructions: Sequence[str]
@@ -619,7 +271,7 @@ class VLAPolicy(Policy):
         """``[B, P, hidden]``: bos, image tokens, proprio tokens, instruction slot."""
         config = self.config
         size = (config.image_size, config.image_size, 3)
-        images = [self._newest(obs, key, size, torch.uint8) for key in config.image_keys]
+        images = [newest_step(obs, k, size, torch.uint8, self.device) for k in config.image_keys]
         batch = images[0].shape[0]
         for key, image in zip(config.image_keys, images, strict=True):
             if image.shape[0] != batch:
@@ -629,7 +281,10 @@ class VLAPolicy(Policy):
                 )
         ids = self._instruction_ids(instructions, batch)
         embed = self.backbone.get_input_embeddings()
-        features = self.image_features(torch.cat(images)).reshape(batch, -1, embed.weight.shape[1])
+        pixels = torch.cat(images)
+        features = image_features(
+            self.backbone, pixels, self.vision_size, self.image_mean, self.image_std
+        ).reshape(batch, -1, embed.weight.shape[1])
         parts = []
         if self.bos_ids:
             bos = torch.tensor(self.bos_ids, device=self.device).expand(batch, -1)
@@ -642,7 +297,7 @@ class VLAPolicy(Policy):
         ):
             if normalizer is None:
                 continue
-            state = self._newest(obs, key, (dim,), torch.float32)
+            state = newest_step(obs, key, (dim,), torch.float32, self.device)
             if state.shape[0] != batch:
                 raise ValueError(
                     f"observation {key!r} has shape {tuple(obs[key].shape)}, batch {batch} "
@@ -658,7 +313,8 @@ class VLAPolicy(Policy):
             names = mean_embedding(embed, self.name_ids, self.name_mask)  # [O, hidden]
             hand = None
             if config.object_relative:  # observation.state starts with the grip site's xyz
-                hand = self._newest(obs, STATE_KEY, (config.state_dim,), torch.float32)[:, :3]
+                trailing = (config.state_dim,)
+                hand = newest_step(obs, STATE_KEY, trailing, torch.float32, self.device)[:, :3]
             tokens = self.object_tokens(env_state, names, raw[ENV_STATE_KEY], hand)
             parts.append(tokens.to(embed.weight.dtype))
         parts.append(embed(ids))
@@ -712,7 +368,7 @@ class VLAPolicy(Policy):
         obs: Mapping[str, Any],
         instructions: Sequence[str],
         deterministic: bool = False,
-        generator: torch.Generator | None = None,
+        generator: Generators = None,
         use_cache: bool = True,
     ) -> ActionOutput:
         """Decode one chunk per observation: ``actions [B, chunk, A]`` (raw, clipped to [-1, 1]),
@@ -801,6 +457,3 @@ class VLAPolicy(Policy):
             keep = torch.ones_like(ids, dtype=torch.bool)
         keep = keep.to(nll.dtype)
         return (nll * keep).sum() / keep.sum().clamp(min=1.0)
-
-
-__all__ = ["VLAConfig", "VLAPolicy", "build_tiny_backbone", "build_word_tokenizer"]
