@@ -21,9 +21,9 @@ import numpy as np
 
 import embodied.sims as sims
 from embodied.core.config import SEED_MAX, seed_setting, setting, validate
-from embodied.core.run import progress
+from embodied.core.run import progress_bar
 from embodied.datasets import LeRobotDatasetWriter
-from embodied.rewards.labels import rewind, rewind_split
+from embodied.rewards.rewind import rewind, rewind_split
 from embodied.rollout.episodes import RECORDS, ExpertActor, RandomActor, rollout_vector
 
 POLICIES = ("expert", "random")
@@ -127,7 +127,7 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
     act = _policy(cfg, vec, rng)
     successes = frames = rewound = 0
     start = time.perf_counter()
-    bar = progress(total=cfg.episodes, desc=f"collect {cfg.task}")
+    bar = progress_bar(total=cfg.episodes, desc=f"collect {cfg.task}")
     try:
         with writer:
             for traj in rollout_vector(vec, act, seeds, sims.suite_of(cfg.task)):
