@@ -5,7 +5,7 @@ appends again.
 The default run kills a few collections; the full sweep is a matter of numbers::
 
     EMBODIED_FAULT_KILLS=40 EMBODIED_FAULT_CHAIN=2 EMBODIED_FAULT_INTERRUPTS=12 \\
-        pytest tests/test_dataset_faults.py -s
+        EMBODIED_FAULT_EPISODES=400 pytest tests/test_dataset_faults.py -s
 
 Kills come in chains (``EMBODIED_FAULT_CHAIN``, default 3): the first into a new dataset, the
 others into the dataset it left; then the same command runs to the end. Each kill prints one
@@ -40,8 +40,9 @@ SEED = int(os.environ.get("EMBODIED_FAULT_SEED", "0"))
 # plus room for a commit and a slow, shared machine).
 COMMITTED_AFTER_S = COMMIT_INTERVAL_S + 2.0
 
-# About 5 s of rollouts on a 2-core machine, some episodes cut off, some stored rewound too.
-EPISODES = 100
+# Reach at 16 px: 100 episodes take 3-4 s on a 2-core machine (the full sweep runs longer
+# collections); some episodes are cut off, some stored rewound too.
+EPISODES = int(os.environ.get("EMBODIED_FAULT_EPISODES", "100"))
 OPTIONS = ["--task", "Reach", "--episodes", str(EPISODES), "--seed", "3", "--cutoff", "0.3"]
 OPTIONS += ["--rewind", "0.2", "image_size=16", "lossless=true"]  # lossless: bit-exact reads
 
@@ -90,13 +91,18 @@ def wait_started(log: Path, process: subprocess.Popen) -> None:
         time.sleep(0.01)
 
 
+ROLLOUT_S: list[float] = []  # how long the reference run took (in-process, no start-up)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[Trajectory]:
     """The episodes one uninterrupted run writes, in order (collection is deterministic)."""
     from embodied.apps.cli import main
 
     root = tmp_path_factory.mktemp("reference") / "data"
+    started = time.monotonic()
     assert main(["collect", *OPTIONS, "--out", str(root)]) == 0
+    ROLLOUT_S.append(time.monotonic() - started)
     dataset = LeRobotDataset(root)
     return [dataset.episode(i) for i in range(dataset.num_episodes)]
 
@@ -131,19 +137,22 @@ def test_sigkill_keeps_every_episode_finished_before(
 ) -> None:
     rng = random.Random(SEED)
     log = tmp_path / "finished.log"
-    kills = pending = 0
+    kills = pending = due_total = completed = 0
+    last_moment = ROLLOUT_S[0] + 2.5  # start-up takes about 2 s
     for chain in range((KILLS + CHAIN - 1) // CHAIN):
         root = tmp_path / f"chain{chain}"
         chain_kills = 0
         while chain_kills < min(CHAIN, KILLS - CHAIN * chain):  # a new dataset, then that one
             before = LeRobotDataset(root).num_episodes if (root / "meta/info.json").exists() else 0
+            launched = time.time()
             process = start(log, root)
-            time.sleep(rng.uniform(0.3, 6.0))  # start-up (~2 s) or rollouts (~3 s)
+            time.sleep(rng.uniform(0.3, last_moment))  # while starting up or collecting
             killed_at = time.time()
             with contextlib.suppress(ProcessLookupError):  # it may have exited already
                 os.killpg(process.pid, signal.SIGKILL)
             if process.wait() == 0:  # it had finished: that was no kill, try again
                 check_kept(root, before, reference, len(reference))
+                completed += 1
                 continue
             process.communicate()
             kills += 1
@@ -160,9 +169,10 @@ def test_sigkill_keeps_every_episode_finished_before(
                 check_kept(root, before, reference, kept)
                 note = f"validate: {len(warnings)} warnings (interrupted write)"
             pending += done - kept
+            due_total += due
             print(
-                f"kill {kills}: {killed_at - float(log.read_text().split()[0]):.2f} s after "
-                f"start ({'new' if before == 0 else 'existing'} dataset), {done} episodes "
+                f"kill {kills}: {killed_at - launched:.2f} s after launch "
+                f"({'new' if before == 0 else 'existing'} dataset), {done} episodes "
                 f"finished, {due} more than {COMMITTED_AFTER_S:.0f} s before, {kept} kept; "
                 f"{note}"
             )
@@ -173,7 +183,11 @@ def test_sigkill_keeps_every_episode_finished_before(
         assert process.returncode == 0, err.decode()
         assert validate_dataset(root) == []
         check_kept(root, before, reference, len(reference))
-    print(f"{kills} kills: {pending} finished episodes were not committed yet (the last seconds')")
+    print(
+        f"{kills} kills ({completed} more runs finished before their kill came): {due_total} "
+        f"episodes finished more than {COMMITTED_AFTER_S:.0f} s before a kill, all kept; "
+        f"{pending} finished within the last seconds were not committed yet"
+    )
 
 
 def test_ctrl_c_keeps_every_finished_episode_in_one_line(

@@ -329,3 +329,26 @@ def test_collect_checks_its_settings_before_any_rollout(tmp_path: Path, capsys) 
         assert err.count("\n") == 1
         assert time.perf_counter() - started < 30
     assert LeRobotDataset(root).num_episodes == 1
+
+
+def test_running_stats_totals_equal_the_aggregate() -> None:
+    """Commits add episodes to running totals instead of aggregating all episodes again: the
+    same numbers, at a cost that does not grow with the dataset."""
+    from embodied.datasets.lerobot.stats import (
+        STAT_NAMES,
+        _aggregate_stats,
+        _episode_stats,
+        _StatsTotals,
+    )
+
+    rng = np.random.default_rng(0)
+    episodes = [
+        {"x": _episode_stats(rng.normal(i, 1 + i, size=(5 + 3 * i, 4)), video=False)}
+        for i in range(7)
+    ]
+    totals = _StatsTotals()
+    for episode in episodes:
+        totals.add(episode)
+    expected = _aggregate_stats([episode["x"] for episode in episodes])
+    for stat in STAT_NAMES:
+        np.testing.assert_allclose(totals.json()["x"][stat], expected[stat], rtol=1e-10)

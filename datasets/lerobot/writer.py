@@ -60,8 +60,8 @@ from embodied.datasets.lerobot.stats import (
     _episode_stats,
     _real_steps,
     _stats_from_row,
-    _stats_json,
     _stats_row,
+    _StatsTotals,
 )
 from embodied.datasets.lerobot.videos import LOSSY_CRF, _video_info, _VideoEncoder
 
@@ -221,7 +221,7 @@ class LeRobotDatasetWriter:
             meta = _load_metadata(root)
             _check_settings(root, meta.info, fps, lossless)
             features = meta.info["features"]
-            episode_stats = _read_episode_stats(root, meta)
+            stats_totals = _read_episode_stats(root, meta)
             last_schema = None
             if meta.episodes:
                 last_data_file = _data_path(meta.episodes[-1])
@@ -247,7 +247,7 @@ class LeRobotDatasetWriter:
         committed_tasks = meta.tasks[: info["total_tasks"]]
         writer._tasks = {task: index for index, task in enumerate(committed_tasks)}
         writer._episodes = meta.episodes
-        writer._episode_stats = episode_stats
+        writer._stats_totals = stats_totals
         stats_count = _stats_count(meta.stats)
         writer._needs_commit = (
             len(meta.tasks) != len(committed_tasks) or stats_count != info["total_frames"]
@@ -281,7 +281,7 @@ class LeRobotDatasetWriter:
         self._commit_interval = float(commit_interval_s)
         self._tasks: dict[str, int] = {}
         self._episodes: list[dict[str, Any]] = []  # committed rows
-        self._episode_stats: list[dict[str, dict[str, np.ndarray]]] = []  # committed
+        self._stats_totals = _StatsTotals()  # of the committed episodes
         self._frame_spec: dict[str, tuple[np.dtype, tuple[int, ...]]] | None = None
         self._pending: list[_PendingEpisode] = []
         self._pending_bytes = 0
@@ -587,9 +587,11 @@ class LeRobotDatasetWriter:
             self._encoders = {}
 
         num_episodes = self.num_episodes
-        episode_stats = self._episode_stats + [episode.stats for episode in self._pending]
+        stats_totals = self._stats_totals.copy()
+        for episode in self._pending:
+            stats_totals.add(episode.stats)
         _write_parquet(self.root / TASKS_PATH, _tasks_table(list(self._tasks)))
-        _write_json(self.root / STATS_PATH, _stats_json(episode_stats))
+        _write_json(self.root / STATS_PATH, stats_totals.json())
         info = {
             **self._info,
             "total_episodes": num_episodes,
@@ -600,7 +602,7 @@ class LeRobotDatasetWriter:
         _write_json(self.root / INFO_PATH, info)  # the commit point
         self._info = info
         self._episodes.extend(episode.row for episode in self._pending)
-        self._episode_stats = episode_stats
+        self._stats_totals = stats_totals
         self._pending = []
         self._pending_bytes = 0
         self._pending_since = None
@@ -711,8 +713,8 @@ def _files_after(directory: Path, suffix: str, last: tuple[int, int] | None) -> 
     return found
 
 
-def _read_episode_stats(root: Path, meta: _Metadata) -> list[dict[str, dict[str, np.ndarray]]]:
-    """Per-episode stats of the committed episodes, from the ``stats/...`` episode columns."""
+def _read_episode_stats(root: Path, meta: _Metadata) -> _StatsTotals:
+    """Totals of the per-episode stats of the committed episodes (``stats/...`` columns)."""
     features = meta.info["features"]
     stats: dict[int, dict[str, dict[str, np.ndarray]]] = {}
     for relative in meta.episode_files:
@@ -725,4 +727,7 @@ def _read_episode_stats(root: Path, meta: _Metadata) -> list[dict[str, dict[str,
                     f"are missing or malformed ({type(error).__name__}: {error}); appending "
                     "needs them"
                 ) from None
-    return [stats[index] for index in range(len(meta.episodes))]
+    totals = _StatsTotals()
+    for index in range(len(meta.episodes)):
+        totals.add(stats[index])
+    return totals
