@@ -313,15 +313,15 @@ def test_corruption_is_one_error_naming_the_file(
         dataset = LeRobotDataset(root)
         for episode in range(dataset.num_episodes):
             dataset.episode(episode)
-    # Labelling reads every episode: one line, exit 1.
-    assert main(["label", str(root)]) == 1
+    # Labelling reads every episode: one line, exit 2 (the CLI's status for an expected error).
+    assert main(["label", str(root)]) == 2
     assert re.search(message[1:], one_line(capsys.readouterr().err))
     # `dataset info` reads the metadata only: it fails the same way, or (damage inside frame
     # data, which only decoding finds) succeeds.
     code = main(["dataset", "info", str(root)])
     captured = capsys.readouterr()
     if code != 0:
-        assert code == 1 and re.search(message[1:], one_line(captured.err))
+        assert code == 2 and re.search(message[1:], one_line(captured.err))
     else:
         assert case in {
             "random bytes in a data page",

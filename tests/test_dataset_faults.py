@@ -298,7 +298,7 @@ def test_full_disk_is_one_line_and_keeps_what_was_committed(tmp_path: Path) -> N
     process = start(tmp_path / "log", root, "image_size=64", preexec_fn=small_files)
     out, err = process.communicate(timeout=120)
     line = err.decode().strip()
-    assert process.returncode == 1, line
+    assert process.returncode == 2, line
     assert re.fullmatch(r"embodied collect: error: \[Errno 27\] File too large.*", line), line
     warnings = validate_dataset(root)
     assert all(INTERRUPTED_WRITE.search(w) for w in warnings), warnings
@@ -320,5 +320,5 @@ def test_unwritable_output_is_one_line(tmp_path: Path) -> None:
             env={**os.environ, "MUJOCO_GL": "egl"},
             timeout=120,
         )
-        assert process.returncode == 1
+        assert process.returncode == 2
         assert re.fullmatch(r"embodied collect: error: \[Errno \d+\] .*", process.stderr.strip())

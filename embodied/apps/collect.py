@@ -32,6 +32,7 @@ import embodied.sims as sims
 from embodied.core.config import SEED_MAX, seed_setting, setting, validate
 from embodied.core.run import progress_bar
 from embodied.datasets import LeRobotDatasetWriter
+from embodied.datasets.lerobot.lock import _defer_interrupts
 from embodied.rewards.rewind import rewind, rewind_split
 from embodied.rollout.episodes import RECORDS, ExpertActor, RandomActor, rollout_vector
 
@@ -162,14 +163,22 @@ def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
             raise ValueError("goal_cycle is a tabletop option; Meta-World tasks have one goal")
     elif cfg.goal_cycle:
         env_kwargs["goal_cycle"] = True
-    if cfg.workers > 1:
-        _start_forkserver_without_sigint()
-    vec = sims.make_vec_env(
-        cfg.task, cfg.workers, asynchronous=cfg.workers > 1, autoreset_mode="disabled", **env_kwargs
-    )
+    vec = None
     finished = False
     bar = progress_bar(total=cfg.episodes, desc=f"collect {cfg.task}")
     try:
+        # Ctrl-C waits until the envs are built: MuJoCo's extension module, interrupted while
+        # the first env imports it, fails with an ImportError instead of a KeyboardInterrupt.
+        with _defer_interrupts():
+            if cfg.workers > 1:
+                _start_helpers_without_sigint()
+            vec = sims.make_vec_env(
+                cfg.task,
+                cfg.workers,
+                asynchronous=cfg.workers > 1,
+                autoreset_mode="disabled",
+                **env_kwargs,
+            )
         run.writer = writer = _open_writer(cfg, vec, run.out)
         run.first = writer.num_episodes
         seeds = [cfg.seed + e for e in range(cfg.episodes)]
@@ -194,24 +203,28 @@ def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
         finished = True
     finally:
         bar.close()
-        with warnings.catch_warnings():  # Gymnasium warns that a step was pending: it was
-            warnings.simplefilter("ignore")
-            vec.close(terminate=not finished)  # workers stuck in a step are not waited for
+        if vec is not None:
+            with warnings.catch_warnings():  # Gymnasium warns that a step was pending: it was
+                warnings.simplefilter("ignore")
+                vec.close(terminate=not finished)  # workers stuck in a step are not waited for
     return CollectSummary(
         cfg.episodes, successes, frames, time.perf_counter() - start, rewound, run.out
     )
 
 
-def _start_forkserver_without_sigint() -> None:
-    """Start multiprocessing's fork server (which forks the env workers) ignoring SIGINT.
+def _start_helpers_without_sigint() -> None:
+    """Start multiprocessing's fork server (which forks the env workers) and resource tracker
+    ignoring SIGINT.
 
     Ctrl-C in a terminal signals the whole process group: workers would die mid-step with
     KeyboardInterrupt tracebacks while the main process commits what was finished and closes
-    them. Workers forked by a server started this way ignore SIGINT (they take its handlers).
-    A server that is running already is left as it is.
+    them, and a helper still importing its modules would print one. Workers forked by a server
+    started this way ignore SIGINT (they take its handlers). Helpers running already are left
+    as they are.
     """
     import multiprocessing
     import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
 
     if (
         "forkserver" not in multiprocessing.get_all_start_methods()
@@ -220,6 +233,7 @@ def _start_forkserver_without_sigint() -> None:
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        multiprocessing.resource_tracker.ensure_running()
         multiprocessing.forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
