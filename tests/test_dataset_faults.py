@@ -292,7 +292,7 @@ def test_full_disk_is_one_line_and_keeps_what_was_committed(tmp_path: Path) -> N
 
     def small_files() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failing write, not a killed process
-        resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))
 
     # 64 px lossless frames: a few episodes' video outgrows the limit.
     process = start(tmp_path / "log", root, "image_size=64", preexec_fn=small_files)
