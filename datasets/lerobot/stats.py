@@ -76,6 +76,59 @@ def _aggregate_stats(per_episode: Sequence[Mapping[str, np.ndarray]]) -> dict[st
     return {name: stats[name] for name in STAT_NAMES}
 
 
+class _StatsTotals:
+    """Running sums that give ``_aggregate_stats`` of every episode added so far, so a commit
+    costs the same with 10 or 10,000 episodes committed before (the same rule, summed in
+    another order: equal to rounding)."""
+
+    def __init__(self) -> None:
+        """No episodes yet."""
+        self._sums: dict[str, dict[str, np.ndarray]] = {}
+
+    def copy(self) -> _StatsTotals:
+        """An independent copy (a commit adds to a copy and keeps it once written)."""
+        other = _StatsTotals()
+        other._sums = {name: dict(sums) for name, sums in self._sums.items()}
+        return other
+
+    def add(self, episode: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """Add one episode's per-feature stats (``_episode_stats`` of each feature)."""
+        for name, stats in episode.items():
+            count = float(stats["count"][0])
+            mean = np.asarray(stats["mean"], dtype=np.float64)
+            terms = {
+                "count": count,
+                "mean": count * mean,
+                "square": count * (np.asarray(stats["std"], dtype=np.float64) ** 2 + mean**2),
+                **{q: count * np.asarray(stats[q], dtype=np.float64) for q in QUANTILES},
+            }
+            sums = self._sums.get(name)
+            if sums is None:
+                self._sums[name] = {**terms, "min": stats["min"], "max": stats["max"]}
+                continue
+            for key, value in terms.items():
+                sums[key] = sums[key] + value
+            sums["min"] = np.minimum(sums["min"], stats["min"])
+            sums["max"] = np.maximum(sums["max"], stats["max"])
+
+    def json(self) -> dict:
+        """stats.json content: per feature, min/max/mean/std/count and the quantiles."""
+        out = {}
+        for name, sums in self._sums.items():
+            total = sums["count"]
+            mean = sums["mean"] / total
+            stats = {
+                "min": np.asarray(sums["min"]),
+                "max": np.asarray(sums["max"]),
+                "mean": mean,
+                "std": np.sqrt(np.maximum(sums["square"] / total - mean**2, 0.0)),
+                "count": np.array([int(total)], dtype=np.int64),
+                **{q: sums[q] / total for q in QUANTILES},
+            }
+            out[name] = {stat: stats[stat].tolist() for stat in STAT_NAMES}
+        return out
+
+
 def _stats_json(per_episode: Sequence[Mapping[str, Mapping[str, np.ndarray]]]) -> dict:
     """stats.json content from the per-episode stats of every committed episode."""
     if not per_episode:

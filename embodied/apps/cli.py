@@ -43,10 +43,15 @@ def _config(schema: type, args: argparse.Namespace, flags: Sequence[str]) -> Any
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
-    from embodied.apps.collect import CollectConfig, run_collect
+    from embodied.apps.collect import CollectConfig, CollectInterrupted, run_collect
 
     flags = ("task", "policy", "episodes", "out", "noise", "seed", "workers", "cutoff", "rewind")
-    print(run_collect(_config(CollectConfig, args, flags)).line())
+    try:
+        summary = run_collect(_config(CollectConfig, args, flags))
+    except CollectInterrupted as stop:  # Ctrl-C: the finished episodes were committed
+        print(f"embodied collect: {stop.line()}", file=sys.stderr)
+        return 130
+    print(summary.line())
     return 0
 
 
@@ -104,7 +109,7 @@ def _cmd_dataset_validate(args: argparse.Namespace) -> int:
     from embodied.datasets import DatasetError, validate_dataset
 
     try:
-        warnings = validate_dataset(args.dataset)
+        warnings = validate_dataset(args.dataset, quick=args.quick)
     except DatasetError as error:
         print(f"invalid dataset {args.dataset}: {error}", file=sys.stderr)
         return 1
@@ -240,8 +245,13 @@ def build_parser(benches: bool = True) -> argparse.ArgumentParser:
     info.add_argument("dataset")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(func=_cmd_dataset_info)
-    validate = dataset_sub.add_parser("validate", help="check the layout; exit 1 on a problem")
+    validate = dataset_sub.add_parser(
+        "validate", help="check everything training reads; exit 1 naming the file at fault"
+    )
     validate.add_argument("dataset")
+    validate.add_argument(
+        "--quick", action="store_true", help="read video headers only, not every frame"
+    )
     validate.set_defaults(func=_cmd_dataset_validate)
 
     train = sub.add_parser("train", help="train a policy or a reward model")
