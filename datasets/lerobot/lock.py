@@ -1,13 +1,13 @@
 """One writer at a time, and writes that Ctrl-C cannot cut in half.
 
-``_DatasetLock`` holds an exclusive ``flock`` on ``<root>/.embodied.lock`` while a writer (the
+``DatasetLock`` holds an exclusive ``flock`` on ``<root>/.embodied.lock`` while a writer (the
 ``LeRobotDatasetWriter``, ``add_frame_feature``) changes a dataset. The kernel drops the lock when
 the process dies, however it dies, so a killed writer never leaves a stale lock behind; the file
 itself stays (removing it would race with a process about to lock it). A second writer fails at
 once with ``DatasetBusyError`` naming the process that holds the lock. Readers take no lock: a
 commit is atomic (info.json last), so they see the dataset before or after it.
 
-``_defer_interrupts`` holds back SIGINT (Ctrl-C) during a block that must finish once begun (an
+``defer_interrupts`` holds back SIGINT (Ctrl-C) during a block that must finish once begun (an
 episode's buffering, a commit) and delivers it when the block ends, so the KeyboardInterrupt
 reaches the caller between two consistent states of the writer.
 """
@@ -32,7 +32,7 @@ except ImportError:  # Windows: no flock; writers are not serialised there
     fcntl = None  # type: ignore[assignment]
 
 
-class _DatasetLock:
+class DatasetLock:
     """An exclusive, non-blocking lock on a dataset directory (``acquire`` / ``release``)."""
 
     def __init__(self, root: Path, purpose: str) -> None:
@@ -99,7 +99,7 @@ def _read_holder(file: IO[str]) -> str:
 
 
 @contextlib.contextmanager
-def _defer_interrupts() -> Iterator[None]:
+def defer_interrupts() -> Iterator[None]:
     """Hold SIGINT back during the block and re-deliver it afterwards (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield

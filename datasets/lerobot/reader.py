@@ -22,7 +22,7 @@ from embodied.datasets.lerobot.layout import (
     _group_by_file,
     _video_path,
 )
-from embodied.datasets.lerobot.lock import _DatasetLock
+from embodied.datasets.lerobot.lock import DatasetLock
 from embodied.datasets.lerobot.metadata import _check_index_columns, _load_metadata
 from embodied.datasets.lerobot.videos import _decode_frames, _file_sha256
 
@@ -162,7 +162,7 @@ class LeRobotDataset:
         way before. Data files and episodes files are rewritten atomically, then stats.json,
         then info.json: until info.json names the feature, readers ignore the column.
         """
-        lock = _DatasetLock(self.root, "add_frame_feature")
+        lock = DatasetLock(self.root, "add_frame_feature")
         lock.acquire()
         try:
             meta = _load_metadata(self.root)  # as it is now, under the lock

@@ -54,7 +54,7 @@ from embodied.datasets.lerobot.layout import (
     _video_keys,
     _video_path,
 )
-from embodied.datasets.lerobot.lock import _DatasetLock, _defer_interrupts
+from embodied.datasets.lerobot.lock import DatasetLock, defer_interrupts
 from embodied.datasets.lerobot.metadata import _load_metadata, _Metadata, _stats_count
 from embodied.datasets.lerobot.stats import (
     _episode_stats,
@@ -163,7 +163,7 @@ class LeRobotDatasetWriter:
         if root.exists() and not root.is_dir():
             raise FileExistsError(f"{root} exists and is not a directory")
         root.mkdir(parents=True, exist_ok=True)
-        lock = _DatasetLock(root, "LeRobotDatasetWriter (new dataset)")
+        lock = DatasetLock(root, "LeRobotDatasetWriter (new dataset)")
         lock.acquire()
         try:
             for path in _leftovers_of_a_new_dataset(root):
@@ -215,7 +215,7 @@ class LeRobotDatasetWriter:
         root = Path(root)
         if not root.is_dir():
             raise DatasetError(f"{root}: not a directory (no dataset to append to)")
-        lock = _DatasetLock(root, "LeRobotDatasetWriter.open (appending)")
+        lock = DatasetLock(root, "LeRobotDatasetWriter.open (appending)")
         lock.acquire()
         try:
             meta = _load_metadata(root)
@@ -267,7 +267,7 @@ class LeRobotDatasetWriter:
         root: Path,
         info: dict[str, Any],
         video_info: dict[str, Any],
-        lock: _DatasetLock,
+        lock: DatasetLock,
         commit_interval_s: float,
     ) -> None:
         """Set up the writer's state (shared by ``__init__`` and ``open``)."""
@@ -349,7 +349,7 @@ class LeRobotDatasetWriter:
         columns = _trajectory_columns(traj)  # validates the trajectory
         metadata_json = _check_episode_scalars(traj)
         self._check_columns(columns)
-        with _defer_interrupts():
+        with defer_interrupts():
             try:
                 self._buffer(traj, columns, metadata_json)
             except BaseException:
@@ -372,7 +372,7 @@ class LeRobotDatasetWriter:
         """Commit the buffered episodes now (nothing to do when none are buffered)."""
         if self._closed or not self._pending:
             return
-        with _defer_interrupts():
+        with defer_interrupts():
             try:
                 self._commit()
             except BaseException:
@@ -383,7 +383,7 @@ class LeRobotDatasetWriter:
         """Commit the buffered episodes, release the dataset; safe to call twice."""
         if self._closed:
             return
-        with _defer_interrupts():
+        with defer_interrupts():
             try:
                 if self._pending or self._needs_commit:
                     self._commit()
@@ -406,11 +406,11 @@ class LeRobotDatasetWriter:
         """
         lock = self._lock
         if self._closed:  # add the feature all the same, under a lock of its own
-            lock = _DatasetLock(self.root, "add_frame_feature")
+            lock = DatasetLock(self.root, "add_frame_feature")
             lock.acquire()
         try:
             if not self._closed:
-                with _defer_interrupts():
+                with defer_interrupts():
                     try:
                         if self._pending or self._needs_commit:
                             self._commit()

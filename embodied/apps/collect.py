@@ -32,7 +32,7 @@ import embodied.sims as sims
 from embodied.core.config import SEED_MAX, seed_setting, setting, validate
 from embodied.core.run import progress_bar
 from embodied.datasets import LeRobotDatasetWriter
-from embodied.datasets.lerobot.lock import _defer_interrupts
+from embodied.datasets.lerobot.lock import defer_interrupts
 from embodied.rewards.rewind import rewind, rewind_split
 from embodied.rollout.episodes import RECORDS, ExpertActor, RandomActor, rollout_vector
 
@@ -169,7 +169,7 @@ def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
     try:
         # Ctrl-C waits until the envs are built: MuJoCo's extension module, interrupted while
         # the first env imports it, fails with an ImportError instead of a KeyboardInterrupt.
-        with _defer_interrupts():
+        with defer_interrupts():
             if cfg.workers > 1:
                 _start_helpers_without_sigint()
             vec = sims.make_vec_env(
