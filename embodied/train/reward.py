@@ -133,7 +133,7 @@ def sample_clip(
     clip_len: int,
     start_crop: float,
     rng: np.random.Generator,
-    full_span: float = setting(0.0, low=0.0, high=1.0),
+    full_span: float = 0.0,
     jitter: bool = True,
 ) -> np.ndarray:
     """Frame indices ``[clip_len]`` of a clip ending near ``end`` (jittered unless ``jitter`` is
