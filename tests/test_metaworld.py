@@ -80,7 +80,7 @@ def test_observation_and_info_contents() -> None:
     assert obs["agent_pos"].dtype == np.float32 and obs["agent_pos"].shape == (4,)
     assert obs["environment_state"].dtype == np.float32 and obs["environment_state"].shape == (39,)
     np.testing.assert_array_equal(obs["agent_pos"], obs["environment_state"][:4])
-    assert info["success"] is False and info["stage"] == 0 and info["stage_name"] == "task"
+    assert info["success"] is False and info["stage"] == 0 and info["stage_name"] == "approach"
     assert info["instruction"] == env.unwrapped.instruction == "push the puck to the goal"
     assert info["task"] == "push-v3"
 
