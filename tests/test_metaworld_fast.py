@@ -1,5 +1,6 @@
-"""Fast Meta-World rendering (``speed_up_rendering``, ``embodied.sims.meshes``): same physics,
-nearly the same images. The Meta-World tests are skipped without Meta-World."""
+"""What makes Meta-World fast (``speed_up_rendering``, ``embodied.sims.meshes``,
+``vectorize_contact_test``): the same physics and Meta-World numbers, nearly the same images. The
+Meta-World tests are skipped without Meta-World."""
 
 from __future__ import annotations
 
@@ -117,9 +118,10 @@ def test_fast_images_are_close_to_the_full_meshes_with_reflections(
 
 
 @needs_metaworld
-def test_fast_render_keeps_meta_worlds_own_physics_and_observations() -> None:
-    """Simplified render meshes and the stage evaluation at reset leave Meta-World's episode as
-    its own env runs it, for the same goal and actions."""
+def test_the_adapter_keeps_meta_worlds_own_episode() -> None:
+    """Simplified render meshes, the stage evaluation at reset and the vectorized contact test
+    leave Meta-World's episode (observations, rewards, grasp flags) as its own env runs it, for
+    the same goal and actions."""
     import metaworld
 
     from embodied.sims.metaworld import mt1_goals
@@ -132,11 +134,15 @@ def test_fast_render_keeps_meta_worlds_own_physics_and_observations() -> None:
     obs, _ = env.reset(seed=3)
     expert = sims.make_expert(env)
     np.testing.assert_array_equal(obs["environment_state"], expected.astype(np.float32))
+    grasped = 0
     for _ in range(60):
         action = expert(obs)
-        obs, *_ = env.step(action)
-        expected, *_ = own.step(action)
+        obs, reward, _, _, info = env.step(action)
+        expected, own_reward, _, _, own_info = own.step(action)
         np.testing.assert_array_equal(obs["environment_state"], expected.astype(np.float32))
+        assert reward == own_reward and info["grasp_success"] == own_info["grasp_success"]
+        grasped += own_info["grasp_success"]
+    assert grasped > 10  # the expert lifted the puck: the contact test was exercised
     env.close()
     own.close()
 
@@ -154,3 +160,21 @@ def test_meshes_stay_whole_for_cameras_on_the_robot_and_for_slow_render() -> Non
     assert wrist.reset(seed=0)[0]["pixels"]["gripperPOV"].shape == (64, 64, 3)
     for env in (corner, wrist, pretty):
         env.close()
+
+
+@needs_metaworld
+@pytest.mark.parametrize("task", ["push-v3", "pick-place-v3"])
+def test_vectorized_contact_test_answers_as_meta_worlds_own(task: str) -> None:
+    env = sims.make(f"metaworld/{task}", obs_mode="state")
+    inner, expert = env.unwrapped._env, sims.make_expert(env)
+    touching = 0
+    for seed in (0, 1):
+        obs, _ = env.reset(seed=seed)
+        for _ in range(70):
+            obs, *_ = env.step(expert(obs))
+            geom = inner._get_id_main_object()
+            own = type(inner).touching_object(inner, geom)  # Meta-World's method
+            assert inner.touching_object(geom) == own
+            touching += own
+    assert touching > 10
+    env.close()
