@@ -130,3 +130,40 @@ def test_mt10_collection_writes_one_multi_task_dataset(
     dataset = LeRobotDataset(tmp_path)
     tasks = [row["task_name"] for row in dataset.episodes_table()]
     assert tasks == ["reach-v3"] * 2 + ["button-press-topdown-v3"] * 2  # Meta-World names
+
+
+def test_failure_data_collects_and_gets_procedure_labels(tmp_path: Path) -> None:
+    """Noisy, cut-off and rewound Meta-World episodes, labelled as on the tabletop."""
+    from embodied.apps.collect import CollectConfig, run_collect
+    from embodied.apps.label import run_label
+    from embodied.datasets import LeRobotDataset
+    from embodied.rewards.labels import observation_stages
+
+    cfg = CollectConfig(
+        task="metaworld/button-press-topdown-v3",
+        episodes=4,
+        noise=0.1,
+        cutoff=0.5,
+        rewind=1.0,
+        image_size=32,
+        out=str(tmp_path),
+    )
+    summary = run_collect(cfg)
+    assert summary.rewound >= 1
+    run_label(tmp_path, method="procedure")
+    dataset = LeRobotDataset(tmp_path)
+    kinds = set()
+    for i in range(dataset.num_episodes):
+        traj = dataset.episode(i)
+        labels = dataset.episode_frames(i, keys=["progress.label"])["progress.label"].ravel()
+        stages = observation_stages(traj)
+        if traj.success:
+            kinds.add("success")
+            assert labels[-1] == 1.0 and stages[-1] == 1
+        elif traj.metadata.get("synthetic") == "rewind":
+            kinds.add("rewind")
+            assert labels[-1] < labels.max() < 1.0
+        else:
+            kinds.add("cut off")
+            assert traj.truncated[-1] and labels[-1] < 1.0
+    assert kinds == {"success", "rewind", "cut off"}
