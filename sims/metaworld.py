@@ -83,6 +83,7 @@ INSTRUCTIONS: dict[str, str] = {
     "lever-pull-v3": "pull the lever up",
     "plate-slide-v3": "slide the plate into the goal",
     "basketball-v3": "put the ball into the basket",
+    "peg-insert-side-v3": "insert the peg into the hole from the side",
     "assembly-v3": "put the ring onto the peg",
     "disassemble-v3": "take the ring off the peg",
     "hammer-v3": "hammer the nail into the wall",
@@ -175,7 +176,7 @@ def vectorize_contact_test(env: Any) -> None:
 
 
 def task_instruction(task: str) -> str:
-    """A short natural-language instruction for a task, e.g. ``peg-insert-side-v3``."""
+    """A short natural-language instruction for a task (``stick-pull-v3`` -> "stick pull")."""
     if task in INSTRUCTIONS:
         return INSTRUCTIONS[task]
     return task.removesuffix("-v3").replace("-", " ")
