@@ -46,6 +46,7 @@ MT10 = (
 )
 MOVED = 0.02  # metres: an object or slide this far from where it started has been moved
 LIFTED = 0.02  # metres above its start: a grasped object is off the table (Meta-World's margin)
+INSERTING = 0.1  # metres: a peg head this close to the hole along x is on its way in
 
 
 @dataclass(frozen=True)
@@ -143,12 +144,16 @@ def _peg_insert_side(s: StageInputs) -> int:
     head = s.extra["pegHead"]
     held = s.tcp_to_obj() <= 0.05
     lifted = held and s.obj[2] > s.obj_start[2] + LIFTED
-    # In line with the hole: the scripted policy pushes the peg in once within 3 cm of its axis.
-    if lifted and np.linalg.norm(head[1:] - s.goal[1:]) <= 0.03:
-        return 3
-    if lifted:
+    # Inserting: in line with the hole (the scripted policy pushes the peg in once within 3 cm
+    # of its axis) and on its way in, within INSERTING of the hole along x. The scripted policy
+    # lines the peg up 40 cm out and may lower it and lift it again there, so lining up alone is
+    # not yet the last stage.
+    aligned = np.linalg.norm(head[1:] - s.goal[1:]) <= 0.03
+    if lifted and aligned and head[0] - s.goal[0] <= INSERTING:
         return 2
-    return int(s.near())  # pads within 3 cm of the peg (Meta-World's near_object)
+    # Grasped: held, or the pads within 3 cm of the peg (Meta-World's near_object); being off
+    # the table is not a stage of its own, since the expert sometimes sets the peg down again.
+    return int(held or s.near())
 
 
 def _window(direction: float) -> Callable[[StageInputs], int]:
@@ -184,7 +189,7 @@ RULES: dict[str, StageRule] = {
         ("approach", "press"), _button_press_topdown, "btnbox_joint", -1.0
     ),
     "peg-insert-side-v3": StageRule(
-        ("approach", "grasp", "lift", "insert"), _peg_insert_side, sites=("pegHead",)
+        ("approach", "grasp", "insert"), _peg_insert_side, sites=("pegHead",)
     ),
     "window-open-v3": StageRule(("approach", "align", "slide"), _window(1.0), "window_slide", 1.0),
     "window-close-v3": StageRule(

@@ -48,9 +48,9 @@ def test_expert_stages_rise_and_end_at_the_last_stage(task: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("task", MT10)
 def test_expert_stages_over_twenty_seeds(task: str) -> None:
-    """Seeds 0-19. Meta-World's peg-insert-side expert sometimes lowers the held peg back to the
-    table (its own 2.5 cm hand-to-peg test flickers) and tries again: those episodes undo
-    stages, as they undo the task, and are counted rather than failed."""
+    """Seeds 0-19. Meta-World's peg-insert-side expert once pulls a jammed peg back out of the
+    hole and pushes it in again (seed 9): that episode undoes its last stage, as it undoes the
+    task, and is counted rather than failed."""
     regressions = []
     for seed in range(20):
         stages, info = expert_stages(task, seed)
@@ -58,7 +58,7 @@ def test_expert_stages_over_twenty_seeds(task: str) -> None:
             assert stages[-1] == len(stage_rule(task).names) - 1
         if np.any(np.diff(stages) < 0):
             regressions.append(seed)
-    assert len(regressions) <= (4 if task == "peg-insert-side-v3" else 0), regressions
+    assert len(regressions) <= (1 if task == "peg-insert-side-v3" else 0), regressions
 
 
 def test_every_mt10_task_has_its_own_rule_and_others_the_default() -> None:
