@@ -132,6 +132,7 @@ def check_kept(root: Path, before: int, reference: list[Trajectory], kept: int) 
 INTERRUPTED_WRITE = re.compile(r"interrupted write|beyond total_episodes")
 
 
+@pytest.mark.slow  # subprocess collections killed at random moments
 def test_sigkill_keeps_every_episode_finished_before(
     tmp_path: Path, reference: list[Trajectory]
 ) -> None:
@@ -190,6 +191,7 @@ def test_sigkill_keeps_every_episode_finished_before(
     )
 
 
+@pytest.mark.slow  # subprocess collections killed at random moments
 def test_ctrl_c_keeps_every_finished_episode_in_one_line(
     tmp_path: Path, reference: list[Trajectory]
 ) -> None:
@@ -256,6 +258,7 @@ def test_ctrl_c_keeps_every_finished_episode_in_one_line(
         )
 
 
+@pytest.mark.slow  # subprocess collections killed at random moments
 def test_two_runs_at_once_never_lose_episodes(tmp_path: Path) -> None:
     """Two collections into one directory: the one that comes second fails at once naming the
     other's pid, and the dataset holds exactly the episodes the successful run(s) reported."""
