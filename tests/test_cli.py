@@ -126,6 +126,21 @@ def test_bench_train_compares_kept_memory_with_glibc_default(capsys) -> None:
         assert row["speedup"] == pytest.approx(row["steps_per_s"] / base["steps_per_s"])
 
 
+def test_bench_vision_reports_encoders_and_pixel_bc_against_their_baselines(capsys) -> None:
+    args = ["bench", "vision", "--json", "--image-size", "32", "--batch", "2"]
+    assert main([*args, "--steps", "1", "--repeats", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    parts = {part: [r for r in rows if r["part"] == part] for part in ("encode", "bc step")}
+    assert len(parts["encode"]) == 3 and parts["encode"][0]["variant"] == "resnet [32, 64]"
+    bc = parts["bc step"]
+    assert bc[0]["variant"] == "state planner (objects)"
+    assert any("no cache" in r["variant"] for r in bc) and any("cached" in r["variant"] for r in bc)
+    for group in parts.values():
+        for row in group:
+            assert row["per_s"] > 0
+            assert row["ratio"] == pytest.approx(row["per_s"] / group[0]["per_s"])
+
+
 @pytest.mark.parametrize(
     "target, device, message",
     [
