@@ -87,8 +87,9 @@ def require_features(features: Mapping[str, Any], keys: Sequence[str]) -> None:
 
 
 def dataset_cameras(features: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], int | None]:
-    """A dataset's camera keys (video features) and their one square size (None: no camera)."""
-    keys = [k for k, f in features.items() if f.get("dtype") == "video"]
+    """A dataset's camera keys (video features, and image features as LeRobot may store them)
+    and their one square size (None: no camera)."""
+    keys = [k for k, f in features.items() if f.get("dtype") in ("video", "image")]
     sizes = {features[k]["shape"][0] for k in keys} | {features[k]["shape"][1] for k in keys}
     if len(sizes) > 1:
         raise ValueError(f"cameras must share one square size, got sizes {sorted(sizes)}")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embodied.datasets.lerobot.arrow import _arrow_spec
+from embodied.datasets.lerobot.arrow import _arrow_spec, _shape_fits
 from embodied.datasets.lerobot.files import _open_parquet, _read_json, _read_table
 from embodied.datasets.lerobot.layout import (
     CODEBASE_VERSION,
@@ -183,7 +183,9 @@ def _check_data_files(root: Path, meta: _Metadata) -> None:
                     f"{relative}: column {name!r} (a feature in info.json) is missing"
                 )
             dtype, shape = _arrow_spec(schema.field(name).type)
-            if dtype.name != feature["dtype"] or (list(shape) or [1]) != list(feature["shape"]):
+            # An image feature is a column of PNG structs (sizes known only once decoded).
+            expected = "uint8" if feature["dtype"] == "image" else feature["dtype"]
+            if dtype.name != expected or not _shape_fits(shape, feature["shape"]):
                 raise DatasetError(
                     f"{relative}: column {name!r} holds {dtype.name} {list(shape) or [1]} but "
                     f"{INFO_PATH} says {feature['dtype']} {list(feature['shape'])}"

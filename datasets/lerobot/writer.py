@@ -20,6 +20,7 @@ from embodied.datasets.lerobot.add_feature import _add_frame_feature, _extra_fea
 from embodied.datasets.lerobot.arrow import _arrow_spec, _to_arrow
 from embodied.datasets.lerobot.files import _read_table, _write_json, _write_parquet
 from embodied.datasets.lerobot.frames import (
+    LEGACY_ACTION_PAD,
     _check_episode_scalars,
     _Column,
     _feature_spec,
@@ -45,7 +46,6 @@ from embodied.datasets.lerobot.layout import (
 from embodied.datasets.lerobot.metadata import _load_metadata, _Metadata
 from embodied.datasets.lerobot.stats import (
     _episode_stats,
-    _real_steps,
     _stats_from_row,
     _stats_json,
     _stats_row,
@@ -249,7 +249,8 @@ class LeRobotDatasetWriter:
                 f"cannot add episodes to {self.root}: its features {extras} were added after "
                 "writing (add_frame_feature) and trajectories do not carry them"
             )
-        columns = _trajectory_columns(traj)  # validates the trajectory
+        legacy_pad = LEGACY_ACTION_PAD in self._info["features"]  # a dataset written before
+        columns = _trajectory_columns(traj, legacy_pad)  # validates the trajectory
         metadata_json = _check_episode_scalars(traj)
         self._check_columns(columns)
         try:
@@ -377,14 +378,10 @@ class LeRobotDatasetWriter:
             metadata=metadata_json,
         )
 
-        data_names = [name for name in features if features[name]["dtype"] != "video"]
+        video_names = _video_keys(features)
+        data_names = [name for name in features if name not in video_names]
         table = pa.table({name: _to_arrow(values[name]) for name in data_names})
-        stats = {
-            name: _episode_stats(
-                _real_steps(name, values[name]), features[name]["dtype"] == "video"
-            )
-            for name in features
-        }
+        stats = {name: _episode_stats(values[name], name in video_names) for name in features}
         self._pending.append(_PendingEpisode(row=row, table=table, stats=stats))
         self._pending_bytes += table.nbytes
         self._num_frames += num_frames

@@ -93,7 +93,12 @@ def train_bc(cfg: BCConfig) -> RunDir:
     """Train, evaluate, checkpoint; return the run directory (final policy in ``policy/``)."""
     device = begin(cfg)
     dataset = LeRobotDataset(cfg.dataset)
-    task = cfg.eval_task or dataset.episodes_table()[0]["task_name"]
+    task = cfg.eval_task or dataset.episodes_table()[0].get("task_name")
+    if not task and cfg.eval_episodes > 0:
+        raise ValueError(
+            f"{cfg.dataset}: its episodes do not name the task they were recorded on (no "
+            "'task_name' column: a dataset LeRobot wrote); set eval_task=TASK or eval_episodes=0"
+        )
     policy = build_policy(cfg, dataset).to(device)
     spec = policy.observation_spec
     windows = BCDataset(dataset, spec.n_obs_steps, policy.bc_horizon, keys=policy.training_keys())
