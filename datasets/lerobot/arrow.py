@@ -1,7 +1,8 @@
 """Numpy <-> arrow columns. The writer stores scalars as plain columns and per-frame arrays as
 nested fixed-size lists, so a column's type gives its exact per-frame shape. Datasets LeRobot
 writes also hold variable-size lists (its 2-D features, ``datasets.Array2D``: every row has the
-same lengths, checked on reading) and images as ``struct<bytes, path>`` with PNG bytes
+same lengths, checked on reading; an extension type where ``datasets`` is imported) and images as
+``struct<bytes, path>`` with PNG bytes
 (``dtype: image`` features), decoded here to ``uint8 [N, H, W, 3]``."""
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def _from_arrow(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     structs): a fresh, writable numpy array [N, ...]; ValueError for ragged lists, nulls or an
     image without its bytes."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(array, pa.ExtensionArray):  # Array2D etc., when `datasets` registered them
+        array = array.storage
     if _is_image(array.type):
         return _decode_images(array)
     rows, shape = len(array), []
@@ -81,9 +84,22 @@ def _decode_images(array: pa.StructArray) -> np.ndarray:
     return np.stack(images)
 
 
-def _arrow_spec(arrow_type: pa.DataType) -> tuple[np.dtype, tuple[int, ...]]:
+def _arrow_spec(
+    arrow_type: pa.DataType, declared: list[int] | None = None
+) -> tuple[np.dtype, tuple[int, ...]]:
     """Numpy dtype and per-frame shape that an arrow column type stores; ``UNKNOWN`` for each
-    size a variable-size list leaves open; images: uint8 of shape (UNKNOWN, UNKNOWN, 3)."""
+    size a variable-size list leaves open (filled from info.json's ``declared`` shape when
+    given); images: uint8 of shape (UNKNOWN, UNKNOWN, 3)."""
+    dtype, shape = _stored_spec(arrow_type)
+    if declared is not None and UNKNOWN in shape and len(shape) == len(declared):
+        shape = tuple(int(size) for size in declared)
+    return dtype, shape
+
+
+def _stored_spec(arrow_type: pa.DataType) -> tuple[np.dtype, tuple[int, ...]]:
+    """``_arrow_spec`` of the type alone."""
+    if isinstance(arrow_type, pa.ExtensionType):
+        arrow_type = arrow_type.storage_type
     if _is_image(arrow_type):
         return np.dtype(np.uint8), (UNKNOWN, UNKNOWN, 3)
     shape = []

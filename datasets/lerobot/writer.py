@@ -195,7 +195,7 @@ class LeRobotDatasetWriter:
             writer._frame_spec = {
                 name: (np.dtype(np.uint8), tuple(feature["shape"]))
                 if feature["dtype"] == "video"
-                else _arrow_spec(schema.field(name).type)
+                else _arrow_spec(schema.field(name).type, feature["shape"])
                 for name, feature in features.items()
                 if name not in DEFAULT_FEATURES
             }
