@@ -67,8 +67,10 @@ def build_policy(cfg: BCConfig, dataset: LeRobotDataset) -> Policy:
         dataset.features, dataset.tasks, horizon=cfg.horizon, **overrides
     )
     policy = cls(config)
-    keys = [k for k in ("observation.state", "observation.environment_state", "action")
-            if k in dataset.stats]  # fmt: skip
+    # Cameras too: a policy may normalise images by their statistics (LeRobot's do).
+    wanted = ("observation.state", "observation.environment_state", "action",
+              *policy.observation_spec.cameras)  # fmt: skip
+    keys = [k for k in wanted if k in dataset.stats]
     policy.fit_normalizers(normalization_stats(dataset, keys))
     return policy
 

@@ -208,6 +208,26 @@ def test_saved_in_lerobots_layout_and_loaded_both_ways(trained, tmp_path: Path) 
     )
 
 
+def test_bc_trains_a_lerobot_policy_that_lerobot_loads(toolkit_datasets, tmp_path: Path) -> None:
+    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+
+    argv = ["train", "bc", str(CONFIGS / "bc_mlp.yaml"), "policy=lerobot",
+            f"dataset={toolkit_datasets['state-only']}", f"out={tmp_path}", "steps=2",
+            "batch_size=4", "n_obs_steps=2", "horizon=8", "eval_episodes=0", "save_every=2",
+            "log_every=1", "policy_overrides.down_dims=[16,32]",
+            "policy_overrides.n_action_steps=4"]  # fmt: skip
+    assert main(argv) == 0
+    saved = next(tmp_path.glob("*/policy"))
+    ours = Policy.from_pretrained(saved)
+    assert isinstance(ours, LeRobotPolicy) and ours.observation_spec.privileged  # no camera
+    theirs = DiffusionPolicy.from_pretrained(saved)
+    assert theirs.config.horizon == 8 and theirs.config.n_obs_steps == 2
+    for key, value in ours.model.state_dict().items():
+        assert torch.equal(theirs.state_dict()[key], value), key
+    stats = LeRobotDataset(toolkit_datasets["state-only"]).stats["action"]
+    np.testing.assert_allclose(ours.config.stats["action"]["max"], stats["max"], rtol=1e-6)
+
+
 def test_eval_grpo_and_tpo_run_on_it_and_save_for_lerobot(ddpm, tmp_path: Path) -> None:
     """The commands on the (cheaper) state policy, on Reach (the shortest task; the policy's
     inputs fit every tabletop task); LeRobot then loads what each fine-tuning run saved."""
