@@ -2,6 +2,7 @@
 
 from embodied.datasets.lerobot import (
     CODEBASE_VERSION,
+    DatasetBusyError,
     DatasetError,
     LeRobotDataset,
     LeRobotDatasetWriter,
@@ -11,6 +12,7 @@ from embodied.datasets.lerobot import (
 
 __all__ = [
     "CODEBASE_VERSION",
+    "DatasetBusyError",
     "DatasetError",
     "LeRobotDataset",
     "LeRobotDatasetWriter",

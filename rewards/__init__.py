@@ -6,12 +6,20 @@ not pay for importing torch.
 
 from typing import Any
 
+from embodied.rewards.judge_prompt import (
+    JudgeRequest,
+    JudgeResult,
+    build_prompt,
+    judged_voc,
+    make_permutation,
+    parse_completion,
+    unshuffle,
+)
 from embodied.rewards.labels import (
     label_trajectories,
     median_stage_change,
     observation_stages,
     procedure_labels,
-    rewind,
     stage_budgets,
     time_labels,
     trajectory_frames,
@@ -32,16 +40,8 @@ from embodied.rewards.models import (
     make_reward_model,
 )
 from embodied.rewards.returns import OBJECTIVES, TrajectoryScore, preference_pairs
-from embodied.rewards.vlm_judge import (
-    JudgeRequest,
-    JudgeResult,
-    VLMJudge,
-    build_prompt,
-    judged_voc,
-    make_permutation,
-    parse_completion,
-    unshuffle,
-)
+from embodied.rewards.rewind import rewind, rewind_order, rewind_split
+from embodied.rewards.vlm_judge import VLMJudge
 
 __all__ = [
     "JudgeProgress",
@@ -69,6 +69,8 @@ __all__ = [
     "preference_pairs",
     "procedure_labels",
     "rewind",
+    "rewind_order",
+    "rewind_split",
     "stage_budgets",
     "success_auroc",
     "time_labels",

@@ -31,16 +31,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from embodied.sims.conventions import (
-    BlowUpDetector,
-    EpisodeGuard,
-    action_space,
-    check_options,
-    checked_action,
-    checked_cameras,
-    image_shape,
-    observation_space,
-)
+from embodied.sims import conventions
 from embodied.sims.render import CameraRenderer, set_render_quality
 
 GOALS_PER_BENCHMARK = 50  # MT1 samples this many goals per benchmark seed
@@ -139,10 +130,10 @@ class MetaWorldEnv(gym.Env):
         available = metaworld_tasks()
         if task not in available:
             raise ValueError(f"unknown Meta-World task {task!r}; available: {', '.join(available)}")
-        check_options(obs_mode, render_mode)
+        conventions.check_options(obs_mode, render_mode)
         if max_path_length is not None and max_path_length < 1:
             raise ValueError(f"max_path_length must be positive, got {max_path_length}")
-        height, width = image_shape(image_size)
+        height, width = conventions.image_shape(image_size)
 
         self.task, self.obs_mode, self.render_mode = task, obs_mode, render_mode
         # Meta-World runs every episode to max_path_length; ending at the first success (as the
@@ -158,16 +149,18 @@ class MetaWorldEnv(gym.Env):
         self.frame_skip = int(self._env.frame_skip)  # physics substeps per env step
 
         camera_names = [self.model.camera(i).name for i in range(self.model.ncam)]
-        self.cameras = cameras = checked_cameras(cameras, camera_names)
+        self.cameras = cameras = conventions.checked_cameras(cameras, camera_names)
         set_render_quality(self.model, fast=fast_render)
         self._renderer = CameraRenderer(self.model, height, width)
         self._policy = ENV_POLICY_MAP[task]()
 
-        self.action_space = action_space()
+        self.action_space = conventions.action_space()
         state_dim = self._env.observation_space.shape[0]
-        self.observation_space = observation_space(obs_mode, cameras, height, width, state_dim)
-        self._blow_up = BlowUpDetector(self.model, self.data, self.frame_skip)
-        self._guard = EpisodeGuard()
+        self.observation_space = conventions.observation_space(
+            obs_mode, cameras, height, width, state_dim
+        )
+        self._blow_up = conventions.BlowUpDetector(self.model, self.data, self.frame_skip)
+        self._guard = conventions.EpisodeGuard()
 
         self._raw: np.ndarray | None = None  # Meta-World's last raw observation
         self._steps = 0
@@ -193,7 +186,7 @@ class MetaWorldEnv(gym.Env):
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Apply one 4-D action (hand xyz delta, gripper effort) for 5 Meta-World physics steps."""
         self._guard.check()
-        action = checked_action(action).astype(np.float32)
+        action = conventions.checked_action(action).astype(np.float32)
 
         self._blow_up.before_step()
         try:

@@ -141,7 +141,8 @@ def test_collect_appends_and_rejects_bad_input(collected, tmp_path, capsys) -> N
     assert main(["collect", "--task", "Fly", "--out", str(tmp_path / "x")]) == 2
     assert "unknown task 'Fly'" in capsys.readouterr().err
     assert main(["collect", "--task", "Reach", "--cutoff", "2", "--out", str(tmp_path)]) == 2
-    assert "cutoff must be a fraction in [0, 1], got 2.0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "config key 'cutoff' = 2.0 is out of range: expected in [0.0, 1.0]" in err
     assert not (tmp_path / "x").exists()
 
 

@@ -325,16 +325,30 @@ def test_grpo_trains_with_every_reward_model(saved, judge_dir, tmp_path: Path, r
 
 
 def test_grpo_refuses_bad_settings(saved, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="loss_agg must be one of"):
+    with pytest.raises(ValueError, match="config key 'loss_agg' = 'sum': expected one of"):
         train_grpo(_cfg(saved, tmp_path, loss_agg="sum"))
     with pytest.raises(ValueError, match="reward=learned needs reward_model"):
         train_grpo(_cfg(saved, tmp_path, reward_model=""))
-    with pytest.raises(ValueError, match="reward must be one of"):
+    with pytest.raises(ValueError, match="config key 'reward' = 'vibes': expected one of"):
         train_grpo(_cfg(saved, tmp_path, reward="vibes"))
-    with pytest.raises(ValueError, match="group_size must be >= 2"):
+    with pytest.raises(ValueError, match="config key 'group_size' = 1 is out of range"):
         train_grpo(_cfg(saved, tmp_path, group_size=1))
     with pytest.raises(ValueError, match=r"policy_overrides names \['temperature'\]"):
         train_grpo(_cfg(saved, tmp_path, policy_overrides={"temperature": 1.6}))
+
+
+def test_grpo_refuses_a_tabletop_policy_on_metaworld_before_any_rollout(tmp_path: Path) -> None:
+    """Same action and state sizes, other state values: refused before any rollout or output."""
+    pytest.importorskip("metaworld")
+    names = ["ee.x", "ee.y", "ee.z", "gripper.gap"]  # what tabletop datasets record
+    policy = make_policy("mlp", state_dim=4, action_dim=4, state_names=names)
+    stats = {k: v for k, v in STATS.items() if k != "observation.environment_state"}
+    policy.fit_normalizers(stats).save_pretrained(tmp_path / "tabletop")
+    cfg = GRPOConfig(policy=str(tmp_path / "tabletop"), task="metaworld/reach-v3",
+                     reward="success", out=str(tmp_path / "runs"), device="cpu")  # fmt: skip
+    with pytest.raises(ValueError, match=r"reads observation.state values \['ee.x'.*'hand.x'"):
+        train_grpo(cfg)
+    assert not (tmp_path / "runs").exists()
 
 
 def test_shipped_config_loads_with_the_command_line_overrides() -> None:

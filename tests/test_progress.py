@@ -15,6 +15,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from embodied.core.config import validate
 from embodied.core.nn import build_vocab
 from embodied.rewards.metrics import value_order_correlation
 from embodied.rewards.progress import ProgressConfig, ProgressRewardModel, augment_frames
@@ -395,8 +396,8 @@ def test_full_span_clips_are_the_view_episodes_are_scored_at() -> None:
     strided = [sample_clip(last, last, clip_len, 0.0, np.random.default_rng(s)) for s in range(50)]
     covers = [idx[0] == 0 and idx[-1] - idx[-2] >= last // clip_len for idx in strided]
     assert sum(covers) < 25  # without full_span most clips look at a recent window only
-    with pytest.raises(ValueError, match="full_span"):
-        RewardTrainConfig(dataset="d", full_span=1.5)
+    with pytest.raises(ValueError, match="'full_span' = 1.5 is out of range"):
+        validate(RewardTrainConfig(dataset="d", full_span=1.5))
 
 
 def test_rewind_clips_play_a_success_forward_then_back(labelled_reach: Path, tmp_path) -> None:
@@ -435,8 +436,8 @@ def test_rewind_clips_play_a_success_forward_then_back(labelled_reach: Path, tmp
     # Every clip ends after the split; only when the spaced frames skip it can the last frame
     # shown equal the peak (before clips ended on the way back, about a third of them did).
     assert turned >= 0.8 * total
-    with pytest.raises(ValueError, match="rewind"):
-        _train_config(labelled_reach, tmp_path, rewind=-0.1)
+    with pytest.raises(ValueError, match="'rewind' = -0.1 is out of range"):
+        validate(_train_config(labelled_reach, tmp_path, rewind=-0.1))
 
 
 def test_final_frame_clips_end_on_their_episode_last_frame(labelled_reach, tmp_path) -> None:
@@ -473,8 +474,8 @@ def test_final_frame_clips_end_on_their_episode_last_frame(labelled_reach, tmp_p
 
     assert all(ends(1.0))
     assert sum(ends(0.0)) < 0.5 * len(ends(0.0))
-    with pytest.raises(ValueError, match="final_frame"):
-        _train_config(labelled_reach, tmp_path, final_frame=2.0)
+    with pytest.raises(ValueError, match="'final_frame' = 2.0 is out of range"):
+        validate(_train_config(labelled_reach, tmp_path, final_frame=2.0))
 
 
 def test_fine_tuning_starts_from_the_pretrained_weights(labelled_reach, tmp_path) -> None:
@@ -504,7 +505,8 @@ def test_cli_wires_train_reward(labelled_reach: Path, tmp_path: Path) -> None:
     from embodied.apps.cli import build_parser, main
 
     args = build_parser().parse_args(["train", "reward", "configs/reward.yaml", "steps=5"])
-    assert args.func.__name__ == "_cmd_train_reward" and args.overrides == ["steps=5"]
+    assert args.func.__name__ == "_cmd_train" and args.algorithm == "reward"
+    assert args.overrides == ["steps=5"]
     config = Path(__file__).parents[1] / "configs" / "reward.yaml"
     code = main(
         [

@@ -14,7 +14,7 @@ import pytest
 
 from embodied.core.config import load_config
 from embodied.core.io import atomic_open, atomic_write_bytes, atomic_write_text
-from embodied.core.run import MetricsLogger, RunDir, progress, read_metrics, seed_everything
+from embodied.core.run import MetricsLogger, RunDir, progress_bar, read_metrics, seed_everything
 
 
 @dataclass
@@ -123,16 +123,16 @@ def test_seed_everything_repeats_draws() -> None:
 def test_progress_is_quiet_without_a_tty(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a TTY, like a CI log
     monkeypatch.delenv("EMBODIED_PROGRESS", raising=False)
-    with progress(range(3), desc="quiet") as bar:
+    with progress_bar(range(3), desc="quiet") as bar:
         assert bar.disable
         assert list(bar) == [0, 1, 2]
     monkeypatch.setenv("EMBODIED_PROGRESS", "1")
-    with progress(total=2, desc="forced") as bar:
+    with progress_bar(total=2, desc="forced") as bar:
         assert not bar.disable
     monkeypatch.setenv("EMBODIED_PROGRESS", "0")
-    with progress(total=2, desc="off") as bar:
+    with progress_bar(total=2, desc="off") as bar:
         assert bar.disable
-    with progress(total=2, desc="explicit", disable=False) as bar:
+    with progress_bar(total=2, desc="explicit", disable=False) as bar:
         assert not bar.disable
 
 

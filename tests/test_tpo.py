@@ -82,7 +82,7 @@ def test_tpo_trains_and_logs(tmp_path: Path, length_normalize: bool) -> None:
     before = load_file(str(tmp_path / "policy" / "model.safetensors"))
     after = load_file(str(run.path / "policy" / "model.safetensors"))
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    with pytest.raises(ValueError, match="objective must be one of"):
+    with pytest.raises(ValueError, match="config key 'objective' = 'speed': expected one of"):
         train_tpo(TPOConfig(policy=str(tmp_path / "policy"), objective="speed"))
     with pytest.raises(ValueError, match="sft_weight"):
         train_tpo(TPOConfig(policy=str(tmp_path / "policy"), sft_weight=-1.0))

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 from conftest import tiny_llava
 
-from embodied.rewards.vlm_judge import (
+from embodied.rewards.judge_prompt import (
     JudgeResult,
-    VLMJudge,
     build_prompt,
     judged_voc,
     make_permutation,
     parse_completion,
     unshuffle,
 )
+from embodied.rewards.vlm_judge import VLMJudge
 
 # --- pure functions ---------------------------------------------------------------------------
 

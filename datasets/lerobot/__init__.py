@@ -44,17 +44,30 @@ Datasets LeRobot wrote are read too: image features (PNG structs), variable-size
 (its 2-D features), episodes without the writer's ``success`` / ``seed`` / ... columns, and
 features without ``trajectory_field``, mapped to Trajectory fields by LeRobot's names.
 
-Crash safety. The writer buffers episodes and writes each batch as NEW files (videos are encoded
-under temporary names while the batch fills), then ``meta/tasks.parquet``, a new episodes file,
-``meta/stats.json`` and ``meta/info.json`` last, each atomically. ``info.json`` is the commit
-point: episodes files that hold only episodes beyond its ``total_episodes`` are leftovers of an
-interrupted write and are ignored (``validate_dataset`` warns about them and about unreferenced
-files). Files holding earlier episodes are never modified, so a writer killed at any moment
-leaves a valid dataset with every episode committed before the kill.
+Crash safety. The writer commits finished episodes as NEW files (a data file, a video file per
+camera, an episodes file), then ``meta/tasks.parquet``, ``meta/stats.json`` and
+``meta/info.json`` last, each atomically; a commit comes within ``COMMIT_INTERVAL_S`` (2 s) of an
+episode finishing (every episode, when episodes take longer than that). ``info.json`` is the
+commit point: episodes files that hold only episodes beyond its ``total_episodes`` are leftovers
+of an interrupted write and are ignored (``validate_dataset`` warns about them, about temporary
+files and about unreferenced files). Files holding earlier episodes are never modified, so a
+writer killed at any moment leaves a valid dataset with every episode committed before the kill,
+and ``LeRobotDatasetWriter.open`` deletes the leftovers before appending. Ctrl-C is held back
+while an episode is buffered or committed, so an interrupted writer commits every finished
+episode. Parquet pages carry checksums and episode rows the sha256 of their video files
+(``videos/<key>/sha256``): reading damaged data is an error naming the file.
+
+One writer at a time: writers hold an ``flock`` on ``<root>/.embodied.lock`` (the kernel drops it
+when the process dies); a second one raises ``DatasetBusyError`` naming the holder's pid.
+
+Errors. Anything wrong on disk is a ``DatasetError`` (a ValueError) whose one-line message starts
+with the file at fault; ``validate_dataset`` also reads every data column and decodes every video
+frame (``quick=True``: headers only), checking decoded sizes against ``info.json``.
 
 Modules, lowest first: ``layout`` (constants, paths, DatasetError), ``frames`` (Trajectory <->
 per-frame columns), ``arrow`` (numpy <-> arrow), ``files`` (parquet/JSON I/O), ``stats``,
-``videos`` (mp4 encode/decode), ``metadata`` (loading and checking it), ``validate``,
+``videos`` (mp4 encode/decode), ``lock`` (the writer lock, Ctrl-C held back), ``metadata``
+(loading and checking it), ``validate``,
 ``add_feature``, ``writer``, ``reader``, ``summary``.
 """
 
@@ -76,6 +89,7 @@ from embodied.datasets.lerobot.layout import (  # noqa: F401
     TASKS_PATH,
     VIDEO_FILE_SIZE_MB,
     VIDEO_PATH,
+    DatasetBusyError,
     DatasetError,
 )
 from embodied.datasets.lerobot.reader import LeRobotDataset
@@ -92,6 +106,7 @@ from embodied.datasets.lerobot.writer import LeRobotDatasetWriter
 
 __all__ = [
     "CODEBASE_VERSION",
+    "DatasetBusyError",
     "DatasetError",
     "LeRobotDataset",
     "LeRobotDatasetWriter",

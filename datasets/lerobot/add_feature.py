@@ -84,7 +84,7 @@ def _add_frame_feature(
         column = np.concatenate([values[r["episode_index"]] for r in rows])
         _write_parquet(root / relative, table.append_column(name, _to_arrow(column)))
 
-    stats = [_episode_stats(array, image=False) for array in values]
+    stats = [_episode_stats(array, video=False) for array in values]
     for relative in meta.episode_files:
         table = _read_table(root, relative, INFO_PATH)
         table = table.drop_columns(
@@ -93,7 +93,7 @@ def _add_frame_feature(
         rows = [_stats_row({name: stats[e]}) for e in table["episode_index"].to_pylist()]
         for column in rows[0]:
             table = table.append_column(column, pa.array([row[column] for row in rows]))
-        _write_parquet(root / relative, table)
+        _write_parquet(root / relative, table, compact=True)
 
     all_stats = {**meta.stats, **_stats_json([{name: s} for s in stats])}
     _write_json(root / STATS_PATH, all_stats)

@@ -214,9 +214,10 @@ def _frames_to_trajectory(
 
 def _check_episode_scalars(traj: Trajectory) -> str:
     """Check what the episode row stores besides arrays; return the metadata as JSON."""
-    if traj.seed is not None and traj.seed < 0:
+    if traj.seed is not None and not 0 <= traj.seed < 2**63:
         raise ValueError(
-            f"Trajectory.seed must be None or >= 0 (-1 means None on disk), got {traj.seed}"
+            "Trajectory.seed must be None or in [0, 2**63) (an int64 column, where -1 means "
+            f"None), got {traj.seed}"
         )
     text = json.dumps(traj.metadata)
     if json.loads(text) != traj.metadata:

@@ -19,6 +19,8 @@ TASKS_PATH = "meta/tasks.parquet"
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+LOCK_NAME = ".embodied.lock"  # the writers' lock file in a dataset's root (see ``lock``)
+COMMIT_INTERVAL_S = 2.0  # a finished episode is committed within about this many seconds
 
 DEFAULT_FEATURES = {
     "timestamp": {"dtype": "float32", "shape": [1], "names": None},
@@ -30,7 +32,19 @@ DEFAULT_FEATURES = {
 
 
 class DatasetError(ValueError):
-    """A dataset on disk is missing a file, is corrupted, or is not LeRobot v3.0."""
+    """A dataset on disk is missing a file, is corrupted, or is not LeRobot v3.0.
+
+    The message starts with the file at fault (relative to the dataset root where it lies inside
+    it) and fits on one line, so command-line tools print it as it is.
+    """
+
+    def __init__(self, message: object = "") -> None:
+        """Keep the message on one line (errors of the libraries below may span several)."""
+        super().__init__(" ".join(str(message).split()))
+
+
+class DatasetBusyError(DatasetError):
+    """Another process is writing the dataset (it holds the dataset's writer lock)."""
 
 
 def _next_location(location: tuple[int, int]) -> tuple[int, int]:

@@ -21,28 +21,42 @@ from embodied.datasets.lerobot.frames import (
     SUCCESS_FEATURES,
     _frames_to_trajectory,
 )
-from embodied.datasets.lerobot.layout import DatasetError, _data_path, _episodes_path, _video_path
-from embodied.datasets.lerobot.metadata import _load_metadata
-from embodied.datasets.lerobot.videos import _decode_frames
+from embodied.datasets.lerobot.layout import (
+    DatasetError,
+    _data_path,
+    _episodes_path,
+    _group_by_file,
+    _video_path,
+)
+from embodied.datasets.lerobot.lock import DatasetLock
+from embodied.datasets.lerobot.metadata import _check_index_columns, _load_metadata
+from embodied.datasets.lerobot.videos import _decode_frames, _file_sha256
 
 
 class LeRobotDataset:
     """Reads a LeRobot v3.0 dataset: Trajectories, per-frame columns and single frames.
 
     Opening runs the checks that need no decoding (``validate_dataset`` adds column and
-    leftover-file checks) and raises DatasetError on a corrupted dataset.
+    leftover-file checks) and raises DatasetError on a corrupted dataset. Every read raises
+    DatasetError naming the file when what it reads is corrupt: parquet pages carry checksums,
+    and a video file whose episode rows record its sha256 is checked against it the first time
+    this object reads from it (``verify_checksums=False`` skips that), so a damaged video is an
+    error rather than frames with garbage in them.
     """
 
     _CACHED_TABLES = 4  # data files kept in memory for random access
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], verify_checksums: bool = True) -> None:
         """Open and check the dataset at ``root``."""
         self.root = Path(root)
+        self.verify_checksums = verify_checksums
+        self._verified: set[str] = set()  # video files whose checksum matched
         self._load()
 
     def _load(self) -> None:
         """(Re)read the metadata and forget cached data files."""
         self._meta = _load_metadata(self.root)
+        self._rows_of = _group_by_file(self._meta.episodes)  # data file -> its episodes
         self._starts = np.array([row["dataset_from_index"] for row in self._meta.episodes])
         self._tables: dict[str, tuple[pa.Table, np.ndarray]] = {}
 
@@ -186,7 +200,13 @@ class LeRobotDataset:
         way before. Data files and episodes files are rewritten atomically, then stats.json,
         then info.json: until info.json names the feature, readers ignore the column.
         """
-        _add_frame_feature(self.root, self._meta, name, values_per_episode, info, overwrite)
+        lock = DatasetLock(self.root, "add_frame_feature")
+        lock.acquire()
+        try:
+            meta = _load_metadata(self.root)  # as it is now, under the lock
+            _add_frame_feature(self.root, meta, name, values_per_episode, info, overwrite)
+        finally:
+            lock.release()
         self._load()
 
     def _row(self, index: int) -> dict[str, Any]:
@@ -202,6 +222,7 @@ class LeRobotDataset:
             if len(self._tables) >= self._CACHED_TABLES:
                 del self._tables[next(iter(self._tables))]
             table = _read_table(self.root, relative, f"episode {row['episode_index']}")
+            _check_index_columns(relative, table, self._rows_of[relative], self._meta)
             self._tables[relative] = (table, _from_arrow(table["index"]))
         table, index = self._tables[relative]
         start = int(np.searchsorted(index, row["dataset_from_index"]))
@@ -219,9 +240,25 @@ class LeRobotDataset:
 
     def _decode(self, row: Mapping[str, Any], key: str, start: int, stop: int) -> np.ndarray:
         """Frames [start, stop) of an episode's video ``key``, cropped to the feature's size."""
+        relative = _video_path(row, key)
+        expected = row.get(f"videos/{key}/sha256")
+        if self.verify_checksums and expected and relative not in self._verified:
+            try:
+                digest = _file_sha256(self.root / relative)
+            except OSError as error:
+                raise DatasetError(f"{relative}: unreadable ({error})") from error
+            if digest != expected:
+                raise DatasetError(
+                    f"{relative}: corrupt video: its sha256 is {digest[:12]}... but the episodes "
+                    f"metadata recorded {expected[:12]}... when it was written"
+                )
+            self._verified.add(relative)
         first = round(row[f"videos/{key}/from_timestamp"] * self.fps)
-        frames = _decode_frames(
-            self.root / _video_path(row, key), first + start, first + stop, self.fps
-        )
+        frames = _decode_frames(self.root / relative, first + start, first + stop, self.fps)
         height, width = self.features[key]["shape"][:2]
+        if frames.shape[1] < height or frames.shape[2] < width:
+            raise DatasetError(
+                f"{relative}: decoded frames are {frames.shape[1]}x{frames.shape[2]} but "
+                f"meta/info.json says {key!r} has shape {self.features[key]['shape']}"
+            )
         return frames[:, :height, :width]

@@ -114,10 +114,11 @@ def _basic_stats(values: np.ndarray) -> dict[str, np.ndarray]:
     return stats
 
 
-def _episode_stats(values: np.ndarray, image: bool) -> dict[str, np.ndarray]:
-    """One episode's stats of a feature's per-frame ``values`` ``[N, ...]`` (images ``uint8
-    [N, H, W, 3]``), in LeRobot's shapes (module docstring)."""
-    if image:
+def _episode_stats(values: np.ndarray, video: bool) -> dict[str, np.ndarray]:
+    """One episode's stats of a feature's per-frame ``values`` ``[N, ...]`` in LeRobot's shapes
+    (module docstring); ``video``: camera images ``uint8 [N, H, W, 3]`` (a video or an image
+    feature)."""
+    if video:
         images = _image_samples(values)
         rows, count = images.transpose(0, 2, 3, 1).reshape(-1, images.shape[1]), len(images)
     else:
@@ -128,7 +129,7 @@ def _episode_stats(values: np.ndarray, image: bool) -> dict[str, np.ndarray]:
         stats = _basic_stats(rows)
     else:
         stats = _row_stats(rows.reshape(-1, rows.shape[-1]))
-    if image:
+    if video:
         stats = {name: value.reshape(3, 1, 1) / 255.0 for name, value in stats.items()}
     elif values.ndim == 1:
         stats = {name: value.reshape(1) for name, value in stats.items()}
@@ -156,6 +157,59 @@ def _aggregate_stats(per_episode: Sequence[Mapping[str, np.ndarray]]) -> dict[st
     for name in QUANTILES:
         stats[name] = (np.stack([s[name] for s in per_episode]) * counts).sum(axis=0) / total
     return {name: stats[name] for name in STAT_NAMES}
+
+
+class _StatsTotals:
+    """Running sums that give ``_aggregate_stats`` of every episode added so far, so a commit
+    costs the same with 10 or 10,000 episodes committed before (the same rule, summed in
+    another order: equal to rounding)."""
+
+    def __init__(self) -> None:
+        """No episodes yet."""
+        self._sums: dict[str, dict[str, np.ndarray]] = {}
+
+    def copy(self) -> _StatsTotals:
+        """An independent copy (a commit adds to a copy and keeps it once written)."""
+        other = _StatsTotals()
+        other._sums = {name: dict(sums) for name, sums in self._sums.items()}
+        return other
+
+    def add(self, episode: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """Add one episode's per-feature stats (``_episode_stats`` of each feature)."""
+        for name, stats in episode.items():
+            count = float(stats["count"][0])
+            mean = np.asarray(stats["mean"], dtype=np.float64)
+            terms = {
+                "count": count,
+                "mean": count * mean,
+                "square": count * (np.asarray(stats["std"], dtype=np.float64) ** 2 + mean**2),
+                **{q: count * np.asarray(stats[q], dtype=np.float64) for q in QUANTILES},
+            }
+            sums = self._sums.get(name)
+            if sums is None:
+                self._sums[name] = {**terms, "min": stats["min"], "max": stats["max"]}
+                continue
+            for key, value in terms.items():
+                sums[key] = sums[key] + value
+            sums["min"] = np.minimum(sums["min"], stats["min"])
+            sums["max"] = np.maximum(sums["max"], stats["max"])
+
+    def json(self) -> dict:
+        """stats.json content: per feature, min/max/mean/std/count and the quantiles."""
+        out = {}
+        for name, sums in self._sums.items():
+            total = sums["count"]
+            mean = sums["mean"] / total
+            stats = {
+                "min": np.asarray(sums["min"]),
+                "max": np.asarray(sums["max"]),
+                "mean": mean,
+                "std": np.sqrt(np.maximum(sums["square"] / total - mean**2, 0.0)),
+                "count": np.array([int(total)], dtype=np.int64),
+                **{q: sums[q] / total for q in QUANTILES},
+            }
+            out[name] = {stat: stats[stat].tolist() for stat in STAT_NAMES}
+        return out
 
 
 def _stats_json(per_episode: Sequence[Mapping[str, Mapping[str, np.ndarray]]]) -> dict:

@@ -4,11 +4,12 @@ file (crash-safe), and decoding a frame range back; distinct from ``embodied.eva
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import uuid
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import av
 import numpy as np
@@ -99,13 +100,15 @@ class _VideoEncoder:
         self.encoded_bytes += sum(packet.size for packet in packets)
         self._container.mux(packets)
 
-    def finish(self) -> None:
-        """Flush the encoder, close the file, sync it and move it to its final name."""
+    def finish(self) -> str:
+        """Flush the encoder, close the file, sync it, move it to its final name; its sha256."""
         self._mux(self._stream.encode())
         self._container.close()
         with open(self.tmp_path, "rb") as file:
+            digest = _sha256(file)
             os.fsync(file.fileno())
         os.replace(self.tmp_path, self.path)
+        return digest
 
     def abort(self) -> None:
         """Drop the temporary file (best effort: the writer is failing already)."""
@@ -130,38 +133,113 @@ def _decode_frames(path: Path, start: int, stop: int, fps: int) -> np.ndarray:
         with _open_video(path) as container:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
-            if seek_frame > 0:
-                container.seek(int(Fraction(seek_frame, fps) / stream.time_base), stream=stream)
-            for frame in container.decode(stream):
-                index = round(frame.pts * stream.time_base * fps)
-                if index < start:
-                    continue
-                if index >= stop or index != start + len(frames):
-                    break
-                frames.append(to_rgb.reformat(frame, format="rgb24").to_ndarray())
+            try:
+                if seek_frame > 0:
+                    container.seek(int(Fraction(seek_frame, fps) / stream.time_base), stream=stream)
+                for frame in container.decode(stream):
+                    if frame.pts is None:
+                        break
+                    index = round(frame.pts * stream.time_base * fps)
+                    if index < start:
+                        continue
+                    if index >= stop or index != start + len(frames):
+                        break
+                    frames.append(to_rgb.reformat(frame, format="rgb24").to_ndarray())
+            except (av.FFmpegError, OSError, ValueError) as error:
+                raise DatasetError(
+                    f"{path}: corrupt video: decoding frames {start}..{stop - 1} failed ({error})"
+                ) from error
         if len(frames) == stop - start:
             return np.stack(frames)
     raise DatasetError(
-        f"{path}: cannot decode frames {start}..{stop - 1} (got {len(frames)} of them)"
+        f"{path}: corrupt or truncated video: cannot decode frames {start}..{stop - 1} "
+        f"(got {len(frames)} of them)"
     )
 
 
-def _open_video(path: Path) -> av.container.InputContainer:
-    """Open an mp4 for reading; DatasetError naming it when it is missing or unreadable."""
+def _open_video(path: Path, name: str | None = None) -> av.container.InputContainer:
+    """Open an mp4 for reading; DatasetError naming it (``name``, default the path) when it is
+    missing or unreadable."""
+    name = name or str(path)
     try:
         container = av.open(str(path))
-    except (av.FFmpegError, OSError) as error:
-        raise DatasetError(f"{path}: unreadable video ({error})") from error
+    except (av.FFmpegError, OSError, ValueError) as error:
+        raise DatasetError(f"{name}: unreadable video ({error})") from error
     if not container.streams.video:
         container.close()
-        raise DatasetError(f"{path}: has no video stream")
+        raise DatasetError(f"{name}: has no video stream")
     return container
 
 
-def _video_num_frames(path: Path, fps: int) -> int:
-    """Number of frames an mp4 holds, read from its header."""
-    with _open_video(path) as container:
+class _VideoHeader(NamedTuple):
+    """What an mp4's header says about its (first) video stream."""
+
+    num_frames: int
+    height: int
+    width: int
+    fps: float | None  # None when the header does not say
+
+
+def _video_header(path: Path, name: str | None = None) -> _VideoHeader:
+    """Frame count, frame size and frame rate from an mp4's header (nothing is decoded)."""
+    with _open_video(path, name) as container:
         stream = container.streams.video[0]
+        rate = stream.average_rate or stream.base_rate
+        fps = float(rate) if rate else None
         if stream.frames:
-            return int(stream.frames)
-        return round(stream.duration * stream.time_base * fps) if stream.duration else 0
+            num_frames = int(stream.frames)
+        elif stream.duration and fps:
+            num_frames = round(stream.duration * stream.time_base * fps)
+        else:
+            num_frames = 0
+        context = stream.codec_context
+        return _VideoHeader(num_frames, int(context.height), int(context.width), fps)
+
+
+def _decode_all(path: Path, name: str, fps: int) -> tuple[int, tuple[int, int]]:
+    """Decode every frame of an mp4 as a reader would; (frames, (height, width)) or DatasetError.
+
+    Frames must come at pts 0, 1, 2, ... (in frames, at ``fps``) with one size throughout.
+    """
+    count, size = 0, None
+    with _open_video(path, name) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        try:
+            for frame in container.decode(stream):
+                index = None if frame.pts is None else round(frame.pts * stream.time_base * fps)
+                if index != count:
+                    raise DatasetError(
+                        f"{name}: frame {count} has timestamp {frame.time} s, not "
+                        f"{count / fps:.4f} s (frame {index} at {fps} fps)"
+                    )
+                if size is None:
+                    size = (frame.height, frame.width)
+                elif (frame.height, frame.width) != size:
+                    raise DatasetError(
+                        f"{name}: frame {count} is {frame.height}x{frame.width} but frame 0 is "
+                        f"{size[0]}x{size[1]}"
+                    )
+                count += 1
+        except (av.FFmpegError, OSError, ValueError) as error:
+            if isinstance(error, DatasetError):
+                raise
+            raise DatasetError(
+                f"{name}: corrupt video: decoding failed after {count} frames ({error})"
+            ) from error
+    return count, size or (0, 0)
+
+
+def _sha256(file: Any) -> str:
+    """Hex sha256 of an open binary file, from its start."""
+    file.seek(0)
+    digest = hashlib.sha256()
+    while chunk := file.read(1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    with open(path, "rb") as file:
+        return _sha256(file)

@@ -1,10 +1,14 @@
-"""``LeRobotDatasetWriter``: buffers Trajectories and writes each batch as new files, then the
-metadata with info.json last, so a crash never loses committed episodes."""
+"""``LeRobotDatasetWriter``: commits finished episodes every few seconds as new files, then the
+metadata with info.json last, so a crash loses at most the episodes of the last few seconds and
+never an episode committed before; one writer at a time (a lock file in the dataset)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,13 +16,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from embodied.core.features import observation_feature
 from embodied.core.trajectory import Trajectory
 from embodied.datasets.lerobot.add_feature import _add_frame_feature, _extra_features
 from embodied.datasets.lerobot.arrow import _arrow_spec, _to_arrow
-from embodied.datasets.lerobot.files import _read_table, _write_json, _write_parquet
+from embodied.datasets.lerobot.files import (
+    _open_parquet,
+    _read_table,
+    _write_json,
+    _write_parquet,
+)
 from embodied.datasets.lerobot.frames import (
     LEGACY_ACTION_PAD,
     _check_episode_scalars,
@@ -29,26 +37,31 @@ from embodied.datasets.lerobot.frames import (
 from embodied.datasets.lerobot.layout import (
     CHUNKS_SIZE,
     CODEBASE_VERSION,
+    COMMIT_INTERVAL_S,
     DATA_FILE_SIZE_MB,
     DATA_PATH,
     DEFAULT_FEATURES,
     EPISODES_PATH,
     INFO_PATH,
+    LOCK_NAME,
     STATS_PATH,
     TASKS_PATH,
     VIDEO_FILE_SIZE_MB,
     VIDEO_PATH,
+    DatasetError,
     _data_path,
     _first_free_location,
     _next_location,
     _video_keys,
+    _video_path,
 )
-from embodied.datasets.lerobot.metadata import _load_metadata, _Metadata
+from embodied.datasets.lerobot.lock import DatasetLock, defer_interrupts
+from embodied.datasets.lerobot.metadata import _load_metadata, _Metadata, _stats_count
 from embodied.datasets.lerobot.stats import (
     _episode_stats,
     _stats_from_row,
-    _stats_json,
     _stats_row,
+    _StatsTotals,
 )
 from embodied.datasets.lerobot.videos import LOSSY_CRF, _video_info, _VideoEncoder
 
@@ -92,20 +105,34 @@ def _tasks_table(tasks: Sequence[str]) -> pa.Table:
 
 
 class LeRobotDatasetWriter:
-    """Writes Trajectories into a LeRobot v3.0 dataset, in batches of new files (crash-safe).
+    """Writes Trajectories into a LeRobot v3.0 dataset, committing them as new files (crash-safe).
 
-    Episodes are buffered; when the buffered data reaches ``data_file_size_mb`` (in-memory
-    arrow size, as LeRobot measures it) or a buffered video reaches ``video_file_size_mb``
-    (encoded bytes), or on ``close``, the batch is written as one new data file, one new video
-    file per camera and one new episodes file, then tasks, stats and info.json (last).
+    ``add_episode`` encodes an episode's images and buffers its rows. The buffer is committed
+    (one new data file, one new video file per camera, one new episodes file, then tasks, stats
+    and info.json last, each atomically) when the oldest buffered episode would otherwise wait
+    more than ``commit_interval_s`` seconds (judged from how fast episodes have been arriving, so
+    slow episodes are committed one by one and fast ones a few seconds' worth at a time), when
+    the buffered data reaches ``data_file_size_mb`` (in-memory arrow size, as LeRobot measures
+    it) or a video ``video_file_size_mb`` (encoded bytes), on ``flush`` and on ``close``. Files
+    committed earlier are never modified, so a process killed at any moment leaves a valid
+    dataset with every episode committed before the kill; ``open`` deletes what the killed
+    writer left half-done. ``commit_interval_s=0`` commits every episode as it is added.
+
+    One writer at a time: the writer holds a lock on the dataset (``.embodied.lock``, an
+    ``flock`` the kernel drops when the process dies) until ``close``; a second writer raises
+    ``DatasetBusyError`` naming the process that holds it. Ctrl-C (SIGINT) is held back while an
+    episode is buffered or committed, and raised once that is done, so the writer is never
+    interrupted half-way and ``close`` (or the ``with`` block's end) commits every finished
+    episode.
 
     Images are H.264 at ``crf`` with full colour resolution (``pix_fmt`` yuv444p) by default:
     at the 64-128 px a CPU renders, 4:2:0 chroma subsampling smears the colour of small objects,
     and colour is what the instructions name (PSNR ~28 dB with yuv420p vs ~36-39 with yuv444p).
     ``pix_fmt="yuv420p"`` makes files that browsers play;
     ``lossless=True`` stores them bit-exactly (H.264 RGB at qp 0; ``video_codec`` and ``crf``
-    are then unused). If writing a batch fails, the writer closes without committing it and the
-    dataset keeps its previous state.
+    are then unused). Each episode row records the sha256 of its video files
+    (``videos/<key>/sha256``), which the reader and ``validate_dataset`` check. If writing fails,
+    the writer commits the episodes finished before (when it still can) and closes.
     """
 
     def __init__(
@@ -120,22 +147,30 @@ class LeRobotDatasetWriter:
         data_file_size_mb: float = DATA_FILE_SIZE_MB,
         video_file_size_mb: float = VIDEO_FILE_SIZE_MB,
         names: Mapping[str, Sequence[str]] | None = None,
+        commit_interval_s: float = COMMIT_INTERVAL_S,
     ) -> None:
-        """Create a new dataset at ``root`` (which must not exist, or be an empty directory).
+        """Create a new dataset at ``root`` (which must not exist, or be an empty directory, or
+        hold only what a writer killed before its first commit left there: that is deleted).
 
         ``names`` labels the values of state observations, keyed by observation key (an env's
         ``feature_names``, e.g. ``{"environment_state": ["block_red.x", ...]}``): info.json
         records them as the features' ``names``, as LeRobot does for motors.
         """
         root = Path(root)
-        if root.exists() and (not root.is_dir() or any(root.iterdir())):
-            raise FileExistsError(
-                f"{root} exists and is not an empty directory; use "
-                "LeRobotDatasetWriter.open(root) to append to a dataset"
-            )
         if not isinstance(fps, int) or isinstance(fps, bool) or fps <= 0:
             raise ValueError(f"fps must be a positive int (LeRobot stores it as one), got {fps!r}")
+        video_info = _video_info(fps, video_codec, crf, lossless, pix_fmt)
+        if root.exists() and not root.is_dir():
+            raise FileExistsError(f"{root} exists and is not a directory")
         root.mkdir(parents=True, exist_ok=True)
+        lock = DatasetLock(root, "LeRobotDatasetWriter (new dataset)")
+        lock.acquire()
+        try:
+            for path in _leftovers_of_a_new_dataset(root):
+                path.unlink()
+        except BaseException:
+            lock.release()
+            raise
         info = {
             "codebase_version": CODEBASE_VERSION,
             "robot_type": robot_type,
@@ -151,7 +186,8 @@ class LeRobotDatasetWriter:
             "video_path": VIDEO_PATH,
             "features": {},
         }
-        self._start(root, info, _video_info(fps, video_codec, crf, lossless, pix_fmt))
+        self._start(root, info, video_info, lock, commit_interval_s)
+        self._needs_commit = True  # an empty dataset is still written on close
         self._names = {
             observation_feature(tuple(key.split("/"))): [str(n) for n in values]
             for key, values in (names or {}).items()
@@ -163,19 +199,40 @@ class LeRobotDatasetWriter:
         root: str | os.PathLike[str],
         data_file_size_mb: float | None = None,
         video_file_size_mb: float | None = None,
+        *,
+        fps: int | None = None,
+        lossless: bool | None = None,
+        commit_interval_s: float = COMMIT_INTERVAL_S,
     ) -> LeRobotDatasetWriter:
         """Append to an existing dataset; videos are encoded as the dataset's existing ones.
 
-        Metadata files left by an interrupted writer (episodes beyond ``total_episodes``) are
-        deleted; new files never reuse the name of a file on disk. Size limits default to the
-        ones recorded in info.json.
+        ``fps`` and ``lossless``, when given, must match the dataset's (ValueError naming the
+        setting and both values otherwise). What an interrupted writer left is deleted first:
+        temporary files, episodes files beyond ``total_episodes``, and data and video files after
+        the last one the committed episodes use; new files never reuse the name of a file on
+        disk. Size limits default to the ones recorded in info.json.
         """
         root = Path(root)
-        meta = _load_metadata(root)
-        features = meta.info["features"]
-        for relative in meta.uncommitted_files:
-            (root / relative).unlink()
+        if not root.is_dir():
+            raise DatasetError(f"{root}: not a directory (no dataset to append to)")
+        lock = DatasetLock(root, "LeRobotDatasetWriter.open (appending)")
+        lock.acquire()
+        try:
+            meta = _load_metadata(root)
+            _check_settings(root, meta.info, fps, lossless)
+            features = meta.info["features"]
+            stats_totals = _read_episode_stats(root, meta)
+            last_schema = None
+            if meta.episodes:
+                last_data_file = _data_path(meta.episodes[-1])
+                last_schema = _open_parquet(root, last_data_file, INFO_PATH).schema_arrow
+            _delete_leftovers(root, meta)
+        except BaseException:
+            lock.release()
+            raise
         info = dict(meta.info)
+        info.setdefault("data_files_size_in_mb", DATA_FILE_SIZE_MB)
+        info.setdefault("video_files_size_in_mb", VIDEO_FILE_SIZE_MB)
         if data_file_size_mb is not None:
             info["data_files_size_in_mb"] = data_file_size_mb
         if video_file_size_mb is not None:
@@ -185,33 +242,53 @@ class LeRobotDatasetWriter:
         if video_keys:  # encode like the existing videos
             video_info.update(features[video_keys[0]].get("info", {}))
         writer = cls.__new__(cls)
-        writer._start(root, info, video_info)
-        writer._tasks = {task: index for index, task in enumerate(meta.tasks)}
+        writer._start(root, info, video_info, lock, commit_interval_s)
+        # Tasks beyond total_tasks were added by an interrupted commit: no episode uses them.
+        committed_tasks = meta.tasks[: info["total_tasks"]]
+        writer._tasks = {task: index for index, task in enumerate(committed_tasks)}
         writer._episodes = meta.episodes
-        writer._episode_stats = _read_episode_stats(root, meta)
-        if meta.episodes:
-            last_data_file = root / _data_path(meta.episodes[-1])
-            schema = pq.read_schema(last_data_file)
+        writer._stats_totals = stats_totals
+        stats_count = _stats_count(meta.stats)
+        writer._needs_commit = (
+            len(meta.tasks) != len(committed_tasks) or stats_count != info["total_frames"]
+        )
+        if last_schema is not None:
             writer._frame_spec = {
                 name: (np.dtype(np.uint8), tuple(feature["shape"]))
                 if feature["dtype"] == "video"
-                else _arrow_spec(schema.field(name).type, feature["shape"])
+                else _arrow_spec(last_schema.field(name).type, feature["shape"])
                 for name, feature in features.items()
                 if name not in DEFAULT_FEATURES
             }
         return writer
 
-    def _start(self, root: Path, info: dict[str, Any], video_info: dict[str, Any]) -> None:
+    def _start(
+        self,
+        root: Path,
+        info: dict[str, Any],
+        video_info: dict[str, Any],
+        lock: DatasetLock,
+        commit_interval_s: float,
+    ) -> None:
         """Set up the writer's state (shared by ``__init__`` and ``open``)."""
+        if not commit_interval_s >= 0:
+            lock.release()
+            raise ValueError(f"commit_interval_s must be >= 0, got {commit_interval_s!r}")
         self.root = root
+        self._lock = lock
         self._info = info
         self._video_info = video_info
+        self._commit_interval = float(commit_interval_s)
         self._tasks: dict[str, int] = {}
         self._episodes: list[dict[str, Any]] = []  # committed rows
-        self._episode_stats: list[dict[str, dict[str, np.ndarray]]] = []  # committed
+        self._stats_totals = _StatsTotals()  # of the committed episodes
         self._frame_spec: dict[str, tuple[np.dtype, tuple[int, ...]]] | None = None
         self._pending: list[_PendingEpisode] = []
         self._pending_bytes = 0
+        self._pending_since: float | None = None  # when the oldest buffered episode came
+        self._last_add: float | None = None
+        self._gaps: collections.deque[float] = collections.deque(maxlen=4)  # between episodes
+        self._needs_commit = False
         self._num_frames = info["total_frames"]  # committed and buffered
         self._encoders: dict[str, _VideoEncoder] = {}
         self._closed = False
@@ -225,18 +302,38 @@ class LeRobotDatasetWriter:
         """Episodes added so far, committed or buffered."""
         return len(self._episodes) + len(self._pending)
 
+    @property
+    def num_committed(self) -> int:
+        """Episodes committed (on disk, in info.json) so far."""
+        return len(self._episodes)
+
+    @property
+    def fps(self) -> int:
+        """Frames per second of the dataset."""
+        return int(self._info["fps"])
+
+    @property
+    def features(self) -> dict[str, Any]:
+        """The feature specs (info.json's ``features``; empty for a new dataset until the first
+        episode)."""
+        return self._info["features"]
+
     def __enter__(self) -> LeRobotDatasetWriter:
         """Use as a context manager; ``close`` commits what was added."""
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        """Commit the buffered (complete) episodes even when the block raised."""
+    def __exit__(self, exc_type: type | None, *exc_info: object) -> None:
+        """Commit the buffered (complete) episodes even when the block raised (a block that
+        raised before adding any episode leaves the directory as it found it)."""
+        if exc_type is not None and not self._pending:
+            self._needs_commit = False
         self.close()
 
     def add_episode(self, traj: Trajectory) -> int:
-        """Validate and buffer one trajectory; return its episode index.
+        """Validate and buffer one trajectory (committing when due); return its episode index.
 
-        Raises ValueError when its keys, dtypes or shapes differ from the dataset's.
+        Raises ValueError when its keys, dtypes or shapes differ from the dataset's; the writer
+        stays usable then.
         """
         if self._closed:
             raise ValueError(
@@ -253,28 +350,49 @@ class LeRobotDatasetWriter:
         columns = _trajectory_columns(traj, legacy_pad)  # validates the trajectory
         metadata_json = _check_episode_scalars(traj)
         self._check_columns(columns)
-        try:
-            self._buffer(traj, columns, metadata_json)
-            if self._pending_bytes >= self._info["data_files_size_in_mb"] * 1024**2 or any(
-                encoder.encoded_bytes >= self._info["video_files_size_in_mb"] * 1024**2
-                for encoder in self._encoders.values()
-            ):
+        with defer_interrupts():
+            try:
+                self._buffer(traj, columns, metadata_json)
+            except BaseException:
+                self._salvage()
+                raise
+            index = self.num_episodes - 1
+            now = time.monotonic()
+            if self._last_add is not None:
+                self._gaps.append(now - self._last_add)
+            self._last_add = now
+            if self._commit_due(now):
+                try:
+                    self._commit()
+                except BaseException:
+                    self._fail()
+                    raise
+        return index
+
+    def flush(self) -> None:
+        """Commit the buffered episodes now (nothing to do when none are buffered)."""
+        if self._closed or not self._pending:
+            return
+        with defer_interrupts():
+            try:
                 self._commit()
-        except BaseException:
-            self._fail()
-            raise
-        return self.num_episodes - 1
+            except BaseException:
+                self._fail()
+                raise
 
     def close(self) -> None:
-        """Commit the buffered episodes and finish; safe to call twice."""
+        """Commit the buffered episodes, release the dataset; safe to call twice."""
         if self._closed:
             return
-        try:
-            self._commit()
-        except BaseException:
-            self._fail()
-            raise
-        self._closed = True
+        with defer_interrupts():
+            try:
+                if self._pending or self._needs_commit:
+                    self._commit()
+            except BaseException:
+                self._fail()
+                raise
+            self._closed = True
+            self._lock.release()
 
     def add_frame_feature(
         self,
@@ -287,9 +405,39 @@ class LeRobotDatasetWriter:
 
         The writer takes no more episodes afterwards: trajectories do not carry the new feature.
         """
-        self.close()
-        root_meta = _load_metadata(self.root)
-        _add_frame_feature(self.root, root_meta, name, values_per_episode, info, overwrite)
+        lock = self._lock
+        if self._closed:  # add the feature all the same, under a lock of its own
+            lock = DatasetLock(self.root, "add_frame_feature")
+            lock.acquire()
+        try:
+            if not self._closed:
+                with defer_interrupts():
+                    try:
+                        if self._pending or self._needs_commit:
+                            self._commit()
+                    except BaseException:
+                        self._fail()
+                        raise
+            self._closed = True
+            _add_frame_feature(
+                self.root, _load_metadata(self.root), name, values_per_episode, info, overwrite
+            )
+        finally:
+            lock.release()
+
+    def _commit_due(self, now: float) -> bool:
+        """Whether to commit now: a size limit is reached, or waiting for the next episode (as
+        long as the longest of the last few gaps between episodes) would keep the oldest buffered
+        one waiting longer than the commit interval."""
+        if self._pending_bytes >= self._info["data_files_size_in_mb"] * 1024**2 or any(
+            encoder.encoded_bytes >= self._info["video_files_size_in_mb"] * 1024**2
+            for encoder in self._encoders.values()
+        ):
+            return True
+        if self._pending_since is None:
+            return False
+        next_episode = max(self._gaps) if self._gaps else float("inf")
+        return now - self._pending_since + next_episode >= self._commit_interval
 
     def _check_columns(self, columns: Sequence[_Column]) -> None:
         """Raise ValueError naming the key if an episode does not match the dataset's columns."""
@@ -339,11 +487,16 @@ class LeRobotDatasetWriter:
                 )
 
     def _buffer(self, traj: Trajectory, columns: Sequence[_Column], metadata_json: str) -> None:
-        """Encode the episode's images and keep its data rows, row and stats for the commit."""
+        """Encode the episode's images and keep its data rows, row and stats for the commit.
+
+        The writer's state changes only at the end, once nothing can fail any more (the
+        episode's frames are in the open video files by then: a failure leaves them after the
+        buffered episodes' frames, where no episode row points).
+        """
         fps = self._info["fps"]
         episode_index, first_index = self.num_episodes, self._num_frames
         num_frames = traj.length + 1
-        task_index = self._tasks.setdefault(traj.instruction, len(self._tasks))
+        task_index = self._tasks.get(traj.instruction, len(self._tasks))
         frame_index = np.arange(num_frames, dtype=np.int64)
         values = {
             "timestamp": (frame_index / fps).astype(np.float32),
@@ -362,6 +515,10 @@ class LeRobotDatasetWriter:
             "dataset_from_index": first_index,
             "dataset_to_index": first_index + num_frames,
         }
+        video_names = _video_keys(features)
+        data_names = [name for name in features if name not in video_names]
+        table = pa.table({name: _to_arrow(values[name]) for name in data_names})
+        stats = {name: _episode_stats(values[name], name in video_names) for name in features}
         for name in _video_keys(features):
             if name not in self._encoders:
                 self._encoders[name] = self._open_encoder(name, values[name].shape[1:])
@@ -377,14 +534,12 @@ class LeRobotDatasetWriter:
             task_name=traj.task,
             metadata=metadata_json,
         )
-
-        video_names = _video_keys(features)
-        data_names = [name for name in features if name not in video_names]
-        table = pa.table({name: _to_arrow(values[name]) for name in data_names})
-        stats = {name: _episode_stats(values[name], name in video_names) for name in features}
+        self._tasks.setdefault(traj.instruction, task_index)
         self._pending.append(_PendingEpisode(row=row, table=table, stats=stats))
         self._pending_bytes += table.nbytes
         self._num_frames += num_frames
+        if self._pending_since is None:
+            self._pending_since = time.monotonic()
 
     def _open_encoder(self, name: str, frame_shape: tuple[int, ...]) -> _VideoEncoder:
         """Start the next video file of camera ``name`` (after every file on disk)."""
@@ -399,8 +554,7 @@ class LeRobotDatasetWriter:
     def _commit(self) -> None:
         """Write the buffered episodes as new files, then the metadata, info.json last."""
         if self._pending:
-            for encoder in self._encoders.values():
-                encoder.finish()
+            digests = {name: encoder.finish() for name, encoder in self._encoders.items()}
             data_location, episodes_location = self._next_data, self._next_episodes
             _write_parquet(
                 self.root
@@ -412,6 +566,8 @@ class LeRobotDatasetWriter:
                 episode.row["data/chunk_index"], episode.row["data/file_index"] = data_location
                 episode.row["meta/episodes/chunk_index"] = episodes_location[0]
                 episode.row["meta/episodes/file_index"] = episodes_location[1]
+                for name, digest in digests.items():
+                    episode.row[f"videos/{name}/sha256"] = digest
                 rows.append({**episode.row, **_stats_row(episode.stats)})
             _write_parquet(
                 self.root
@@ -419,27 +575,45 @@ class LeRobotDatasetWriter:
                     chunk_index=episodes_location[0], file_index=episodes_location[1]
                 ),
                 pa.Table.from_pylist(rows),
+                compact=True,
             )
-            self._episodes.extend(episode.row for episode in self._pending)
-            self._episode_stats.extend(episode.stats for episode in self._pending)
             self._next_data = _next_location(data_location)
             self._next_episodes = _next_location(episodes_location)
             for name, encoder in self._encoders.items():
                 self._next_video[name] = _next_location(encoder.location)
             self._encoders = {}
-            self._pending = []
-            self._pending_bytes = 0
 
+        num_episodes = self.num_episodes
+        stats_totals = self._stats_totals.copy()
+        for episode in self._pending:
+            stats_totals.add(episode.stats)
         _write_parquet(self.root / TASKS_PATH, _tasks_table(list(self._tasks)))
-        _write_json(self.root / STATS_PATH, _stats_json(self._episode_stats))
-        num_episodes = len(self._episodes)
-        self._info.update(
-            total_episodes=num_episodes,
-            total_frames=self._num_frames,
-            total_tasks=len(self._tasks),
-            splits={"train": f"0:{num_episodes}"},
-        )
-        _write_json(self.root / INFO_PATH, self._info)
+        _write_json(self.root / STATS_PATH, stats_totals.json())
+        info = {
+            **self._info,
+            "total_episodes": num_episodes,
+            "total_frames": self._num_frames,
+            "total_tasks": len(self._tasks),
+            "splits": {"train": f"0:{num_episodes}"},
+        }
+        _write_json(self.root / INFO_PATH, info)  # the commit point
+        self._info = info
+        self._episodes.extend(episode.row for episode in self._pending)
+        self._stats_totals = stats_totals
+        self._pending = []
+        self._pending_bytes = 0
+        self._pending_since = None
+        self._needs_commit = False
+
+    def _salvage(self) -> None:
+        """After buffering an episode failed: commit the episodes buffered before it (their
+        video files end with some of its frames, which no row points to), then close."""
+        try:
+            if self._pending:
+                self._commit()
+        except BaseException:
+            pass  # the error being raised says what went wrong
+        self._fail()
 
     def _fail(self) -> None:
         """Drop the buffer and temporary videos after an error; the dataset stays as committed."""
@@ -447,14 +621,110 @@ class LeRobotDatasetWriter:
             encoder.abort()
         self._encoders = {}
         self._pending = []
+        self._pending_since = None
         self._closed = True
+        self._lock.release()
 
 
-def _read_episode_stats(root: Path, meta: _Metadata) -> list[dict[str, dict[str, np.ndarray]]]:
-    """Per-episode stats of the committed episodes, from the ``stats/...`` episode columns."""
+def _check_settings(
+    root: Path, info: Mapping[str, Any], fps: int | None, lossless: bool | None
+) -> None:
+    """Refuse to append with another frame rate or video encoding than the dataset's."""
+    if fps is not None and fps != info["fps"]:
+        raise ValueError(
+            f"fps: the dataset at {root} is recorded at {info['fps']} fps but this run asks for "
+            f"{fps} (one dataset has one frame rate)"
+        )
+    video_keys = _video_keys(info["features"])
+    if lossless is not None and video_keys:
+        video_info = info["features"][video_keys[0]].get("info", {})
+        theirs = bool(video_info.get("video.lossless", False))
+        if theirs != bool(lossless):
+            raise ValueError(
+                f"lossless: the dataset at {root} stores {'lossless' if theirs else 'lossy'} "
+                f"videos (lossless={str(theirs).lower()}) but this run asks for "
+                f"lossless={str(bool(lossless)).lower()}"
+            )
+
+
+# What a writer leaves in a dataset directory before its first commit (info.json is written last).
+_LEFTOVER_PATTERNS = (
+    r"(meta|data|videos)/(.*/)?\.[^/]*\.tmp",
+    r"data/chunk-\d+/file-\d+\.parquet",
+    r"meta/episodes/chunk-\d+/file-\d+\.parquet",
+    r"meta/(tasks\.parquet|stats\.json)",
+    r"videos/[^/]+/chunk-\d+/file-\d+\.mp4",
+)
+
+
+def _leftovers_of_a_new_dataset(root: Path) -> list[Path]:
+    """Files a writer killed before its first commit left in ``root`` (to delete); raise
+    FileExistsError if ``root`` holds a dataset or anything else."""
+    if (root / INFO_PATH).exists():
+        raise FileExistsError(
+            f"{root} holds a dataset already; use LeRobotDatasetWriter.open(root) to append to it"
+        )
+    leftovers = []
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root).as_posix()
+        if path.is_dir() or relative == LOCK_NAME:
+            continue
+        if not any(re.fullmatch(pattern, relative) for pattern in _LEFTOVER_PATTERNS):
+            raise FileExistsError(
+                f"{root} exists and is not an empty directory ({relative} is not part of a "
+                "dataset); use LeRobotDatasetWriter.open(root) to append to a dataset"
+            )
+        leftovers.append(path)
+    return leftovers
+
+
+def _delete_leftovers(root: Path, meta: _Metadata) -> None:
+    """Delete what an interrupted writer left: temporary files, uncommitted episodes files, and
+    data and video files after the last one that committed episodes use (nothing else)."""
+    doomed = [root / relative for relative in meta.uncommitted_files]
+    for directory in ("meta", "data", "videos"):
+        doomed += [p for p in (root / directory).rglob(".*.tmp") if p.is_file()]
+    used = {_location_of(root / _data_path(row)) for row in meta.episodes}
+    doomed += _files_after(root / "data", ".parquet", max(used, default=None))
+    for key in _video_keys(meta.info["features"]):
+        used = {_location_of(root / _video_path(row, key)) for row in meta.episodes}
+        doomed += _files_after(root / "videos" / key, ".mp4", max(used, default=None))
+    for path in doomed:
+        path.unlink(missing_ok=True)
+
+
+def _location_of(path: Path) -> tuple[int, int]:
+    """(chunk, file) of ``.../chunk-XXX/file-YYY.ext``."""
+    return int(path.parent.name.split("-")[1]), int(path.stem.split("-")[1])
+
+
+def _files_after(directory: Path, suffix: str, last: tuple[int, int] | None) -> list[Path]:
+    """The ``chunk-XXX/file-YYY<suffix>`` files under ``directory`` after location ``last``."""
+    found = []
+    for path in directory.glob(f"chunk-*/file-*{suffix}"):
+        numbered = re.fullmatch(r"chunk-\d+", path.parent.name) and re.fullmatch(
+            r"file-\d+" + re.escape(suffix), path.name
+        )
+        if numbered and (last is None or _location_of(path) > last):
+            found.append(path)
+    return found
+
+
+def _read_episode_stats(root: Path, meta: _Metadata) -> _StatsTotals:
+    """Totals of the per-episode stats of the committed episodes (``stats/...`` columns)."""
     features = meta.info["features"]
     stats: dict[int, dict[str, dict[str, np.ndarray]]] = {}
     for relative in meta.episode_files:
         for row in _read_table(root, relative, INFO_PATH).to_pylist():
-            stats[row["episode_index"]] = _stats_from_row(row, features)
-    return [stats[index] for index in range(len(meta.episodes))]
+            try:
+                stats[row["episode_index"]] = _stats_from_row(row, features)
+            except (KeyError, TypeError, ValueError) as error:
+                raise DatasetError(
+                    f"{relative}: the per-episode statistics of episode {row['episode_index']} "
+                    f"are missing or malformed ({type(error).__name__}: {error}); appending "
+                    "needs them"
+                ) from None
+    totals = _StatsTotals()
+    for index in range(len(meta.episodes)):
+        totals.add(stats[index])
+    return totals

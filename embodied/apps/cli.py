@@ -43,10 +43,15 @@ def _config(schema: type, args: argparse.Namespace, flags: Sequence[str]) -> Any
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
-    from embodied.apps.collect import CollectConfig, run_collect
+    from embodied.apps.collect import CollectConfig, CollectInterrupted, run_collect
 
     flags = ("task", "policy", "episodes", "out", "noise", "seed", "workers", "cutoff", "rewind")
-    print(run_collect(_config(CollectConfig, args, flags)).line())
+    try:
+        summary = run_collect(_config(CollectConfig, args, flags))
+    except CollectInterrupted as stop:  # Ctrl-C: the finished episodes were committed
+        print(f"embodied collect: {stop.line()}", file=sys.stderr)
+        return 130
+    print(summary.line())
     return 0
 
 
@@ -104,7 +109,7 @@ def _cmd_dataset_validate(args: argparse.Namespace) -> int:
     from embodied.datasets import DatasetError, validate_dataset
 
     try:
-        warnings = validate_dataset(args.dataset)
+        warnings = validate_dataset(args.dataset, quick=args.quick)
     except DatasetError as error:
         print(f"invalid dataset {args.dataset}: {error}", file=sys.stderr)
         return 1
@@ -114,39 +119,33 @@ def _cmd_dataset_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_training(args: argparse.Namespace, config_class: type, train: Any, saved: str) -> int:
-    """``embodied train ...``: config file + overrides (+ ``--resume``), train, print where the
-    result was saved (``saved`` names the run's sub-directory)."""
+# `embodied train NAME`: help, the job's module, its config class and train function, what the
+# run saves, and an example override.
+TRAINERS = {
+    "bc": ("behaviour cloning from a LeRobot v3 dataset", "embodied.train.bc", "BCConfig",
+           "train_bc", "policy", "steps=2000"),
+    "reward": ("progress reward model from a labelled dataset", "embodied.train.reward",
+               "RewardTrainConfig", "train_reward", "model", "model.d_model=128"),
+    "grpo": ("trajectory-level GRPO from a saved policy", "embodied.train.grpo", "GRPOConfig",
+             "train_grpo", "policy", "group_size=8"),
+    "tpo": ("trajectory preference optimisation (GRAPE's TPO)", "embodied.train.tpo",
+            "TPOConfig", "train_tpo", "policy", "objective=safety"),
+}  # fmt: skip
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    """``embodied train NAME``: config file + overrides (+ ``--resume``), train, print where the
+    result was saved."""
+    import importlib
+
     from embodied.core.config import load_config
 
+    _, module, config_class, train, saved, _ = TRAINERS[args.algorithm]
+    job = importlib.import_module(module)
     overrides = list(args.overrides) + ([f"resume={args.resume}"] if args.resume else [])
-    run = train(load_config(config_class, args.config, overrides))
+    run = getattr(job, train)(load_config(getattr(job, config_class), args.config, overrides))
     print(f"{saved}: {run.path / saved}")
     return 0
-
-
-def _cmd_train_bc(args: argparse.Namespace) -> int:
-    from embodied.train.bc import BCConfig, train_bc
-
-    return _run_training(args, BCConfig, train_bc, "policy")
-
-
-def _cmd_train_reward(args: argparse.Namespace) -> int:
-    from embodied.train.reward import RewardTrainConfig, train_reward
-
-    return _run_training(args, RewardTrainConfig, train_reward, "model")
-
-
-def _cmd_train_grpo(args: argparse.Namespace) -> int:
-    from embodied.train.grpo import GRPOConfig, train_grpo
-
-    return _run_training(args, GRPOConfig, train_grpo, "policy")
-
-
-def _cmd_train_tpo(args: argparse.Namespace) -> int:
-    from embodied.train.tpo import TPOConfig, train_tpo
-
-    return _run_training(args, TPOConfig, train_tpo, "policy")
 
 
 def _cmd_tasks(args: argparse.Namespace) -> int:
@@ -246,33 +245,23 @@ def build_parser(benches: bool = True) -> argparse.ArgumentParser:
     info.add_argument("dataset")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(func=_cmd_dataset_info)
-    validate = dataset_sub.add_parser("validate", help="check the layout; exit 1 on a problem")
+    validate = dataset_sub.add_parser(
+        "validate", help="check everything training reads; exit 1 naming the file at fault"
+    )
     validate.add_argument("dataset")
+    validate.add_argument(
+        "--quick", action="store_true", help="read video headers only, not every frame"
+    )
     validate.set_defaults(func=_cmd_dataset_validate)
 
     train = sub.add_parser("train", help="train a policy or a reward model")
     train_sub = train.add_subparsers(dest="algorithm", metavar="ALGORITHM", required=True)
-    bc = train_sub.add_parser("bc", help="behaviour cloning from a LeRobot v3 dataset")
-    bc.add_argument("config", nargs="?", default=None, help="YAML config (BCConfig)")
-    bc.add_argument("overrides", nargs="*", help="dotted overrides, e.g. steps=2000")
-    bc.add_argument("--resume", default=None, help="run directory to continue exactly")
-    bc.set_defaults(func=_cmd_train_bc)
-    reward = train_sub.add_parser("reward", help="progress reward model from a labelled dataset")
-    reward.add_argument("config", nargs="?", default=None, help="YAML config (RewardTrainConfig)")
-    reward.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.d_model=128")
-    reward.add_argument("--resume", default=None, help="run directory to continue exactly")
-    reward.set_defaults(func=_cmd_train_reward)
-
-    grpo = train_sub.add_parser("grpo", help="trajectory-level GRPO from a saved policy")
-    grpo.add_argument("config", nargs="?", default=None, help="YAML config (GRPOConfig)")
-    grpo.add_argument("overrides", nargs="*", help="dotted overrides, e.g. group_size=8")
-    grpo.add_argument("--resume", default=None, help="run directory to continue exactly")
-    grpo.set_defaults(func=_cmd_train_grpo)
-    tpo = train_sub.add_parser("tpo", help="trajectory preference optimisation (GRAPE's TPO)")
-    tpo.add_argument("config", nargs="?", default=None, help="YAML config (TPOConfig)")
-    tpo.add_argument("overrides", nargs="*", help="dotted overrides, e.g. objective=safety")
-    tpo.add_argument("--resume", default=None, help="run directory to continue exactly")
-    tpo.set_defaults(func=_cmd_train_tpo)
+    for name, (summary, _, config_class, _, _, example) in TRAINERS.items():
+        job = train_sub.add_parser(name, help=summary)
+        job.add_argument("config", nargs="?", default=None, help=f"YAML config ({config_class})")
+        job.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {example}")
+        job.add_argument("--resume", default=None, help="run directory to continue exactly")
+        job.set_defaults(func=_cmd_train)
 
     tasks = sub.add_parser("tasks", help="list the tasks of a suite")
     tasks.add_argument("--suite", default="tabletop", choices=["tabletop", "metaworld"])

@@ -7,11 +7,20 @@ and ReWiND-style rewound copies of successful episodes
 (``rewind``: played forward, then backward), all labelled as failures with their true stages.
 With ``record="expert"`` the noisy expert's states are kept but each frame's action is the
 clean expert action there (DART, Laskey et al. 2017): demonstrations that show how to recover.
+
+Episodes are committed to the dataset as they finish (within a few seconds, see
+``LeRobotDatasetWriter``), so a killed run keeps what it finished before; Ctrl-C commits every
+finished episode and raises ``CollectInterrupted`` (a KeyboardInterrupt) saying how many were
+kept. Appending checks the run's settings against the dataset before any rollout: frame rate,
+lossless video and the observations (image size, cameras, state) must match.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +30,10 @@ import numpy as np
 
 import embodied.sims as sims
 from embodied.core.config import SEED_MAX, seed_setting, setting, validate
-from embodied.core.run import progress
+from embodied.core.run import progress_bar
 from embodied.datasets import LeRobotDatasetWriter
-from embodied.rewards.labels import rewind, rewind_split
+from embodied.datasets.lerobot.lock import defer_interrupts
+from embodied.rewards.rewind import rewind, rewind_split
 from embodied.rollout.episodes import RECORDS, ExpertActor, RandomActor, rollout_vector
 
 POLICIES = ("expert", "random")
@@ -71,6 +81,25 @@ class CollectConfig:
             )
 
 
+class CollectInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped ``run_collect``; the episodes finished before it are in the dataset."""
+
+    def __init__(self, kept: int, total: int | None, out: Path) -> None:
+        """``kept`` episodes of this run were committed; the dataset at ``out`` has ``total``
+        (None: the run stopped before opening it)."""
+        super().__init__(kept, total, out)
+        self.kept, self.total, self.out = kept, total, out
+
+    def line(self) -> str:
+        """One line for the terminal."""
+        if self.total is None:
+            return f"interrupted before the first episode: nothing written to {self.out}"
+        return (
+            f"interrupted: kept the {self.kept} episodes finished before the interrupt "
+            f"({self.total} in {self.out})"
+        )
+
+
 @dataclass
 class CollectSummary:
     """What a collection run produced, for the summary line and the closing report."""
@@ -93,9 +122,33 @@ class CollectSummary:
         )
 
 
-def run_collect(cfg: CollectConfig) -> CollectSummary:
-    """Collect ``cfg.episodes`` episodes (seeds ``seed..seed+episodes-1``) into ``cfg.out``."""
+@dataclass
+class _Run:
+    """How far a collection got: what an interrupt has to close and report."""
 
+    out: Path
+    writer: Any = None
+    first: int = 0  # episodes in the dataset before this run
+
+
+def run_collect(cfg: CollectConfig) -> CollectSummary:
+    """Collect ``cfg.episodes`` episodes (seeds ``seed..seed+episodes-1``) into ``cfg.out``.
+
+    Raises ``CollectInterrupted`` on Ctrl-C, after committing the finished episodes.
+    """
+    run = _Run(out=Path(cfg.out))
+    try:
+        return _collect(cfg, run)
+    except KeyboardInterrupt:  # also one that comes while closing the envs
+        if run.writer is None:
+            raise CollectInterrupted(0, None, run.out) from None
+        run.writer.close()  # commits the finished episodes (the with block did already)
+        total = run.writer.num_committed
+        raise CollectInterrupted(total - run.first, total, run.out) from None
+
+
+def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
+    """``run_collect``, keeping in ``run`` what an interrupt needs."""
     validate(cfg)
     rng = np.random.default_rng(cfg.seed)
     env_kwargs = {
@@ -110,25 +163,30 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
             raise ValueError("goal_cycle is a tabletop option; Meta-World tasks have one goal")
     elif cfg.goal_cycle:
         env_kwargs["goal_cycle"] = True
-    vec = sims.make_vec_env(
-        cfg.task, cfg.workers, asynchronous=cfg.workers > 1, autoreset_mode="disabled", **env_kwargs
-    )
-    out = Path(cfg.out)
-    writer = (
-        LeRobotDatasetWriter.open(out)
-        if (out / "meta" / "info.json").exists()
-        else LeRobotDatasetWriter(
-            out, fps=cfg.fps, lossless=cfg.lossless, names=_state_names(vec, cfg.obs_mode)
-        )
-    )
-    seeds = [cfg.seed + e for e in range(cfg.episodes)]
-    # seed -> fraction of the episode kept, for the episodes that are cut off
-    cut_at = {s: rng.uniform(0.3, 0.7) for s in seeds if rng.random() < cfg.cutoff}
-    act = _policy(cfg, vec, rng)
-    successes = frames = rewound = 0
-    start = time.perf_counter()
-    bar = progress(total=cfg.episodes, desc=f"collect {cfg.task}")
+    vec = None
+    finished = False
+    bar = progress_bar(total=cfg.episodes, desc=f"collect {cfg.task}")
     try:
+        # Ctrl-C waits until the envs are built: MuJoCo's extension module, interrupted while
+        # the first env imports it, fails with an ImportError instead of a KeyboardInterrupt.
+        with defer_interrupts():
+            if cfg.workers > 1:
+                _start_helpers_without_sigint()
+            vec = sims.make_vec_env(
+                cfg.task,
+                cfg.workers,
+                asynchronous=cfg.workers > 1,
+                autoreset_mode="disabled",
+                **env_kwargs,
+            )
+        run.writer = writer = _open_writer(cfg, vec, run.out)
+        run.first = writer.num_episodes
+        seeds = [cfg.seed + e for e in range(cfg.episodes)]
+        # seed -> fraction of the episode kept, for the episodes that are cut off
+        cut_at = {s: rng.uniform(0.3, 0.7) for s in seeds if rng.random() < cfg.cutoff}
+        act = _policy(cfg, vec, rng)
+        successes = frames = rewound = 0
+        start = time.perf_counter()
         with writer:
             for traj in rollout_vector(vec, act, seeds, sims.suite_of(cfg.task)):
                 if traj.seed in cut_at:
@@ -142,12 +200,106 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
                     frames += copy.length + 1
                     rewound += 1
                 bar.update(1)
+        finished = True
     finally:
         bar.close()
-        vec.close()
+        if vec is not None:
+            with warnings.catch_warnings():  # Gymnasium warns that a step was pending: it was
+                warnings.simplefilter("ignore")
+                vec.close(terminate=not finished)  # workers stuck in a step are not waited for
     return CollectSummary(
-        cfg.episodes, successes, frames, time.perf_counter() - start, rewound, out
+        cfg.episodes, successes, frames, time.perf_counter() - start, rewound, run.out
     )
+
+
+def _start_helpers_without_sigint() -> None:
+    """Start multiprocessing's fork server (which forks the env workers) and resource tracker
+    ignoring SIGINT.
+
+    Ctrl-C in a terminal signals the whole process group: workers would die mid-step with
+    KeyboardInterrupt tracebacks while the main process commits what was finished and closes
+    them, and a helper still importing its modules would print one. Workers forked by a server
+    started this way ignore SIGINT (they take its handlers). Helpers running already are left
+    as they are.
+    """
+    import multiprocessing
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    if (
+        "forkserver" not in multiprocessing.get_all_start_methods()
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        multiprocessing.resource_tracker.ensure_running()
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _open_writer(cfg: CollectConfig, vec: Any, out: Path) -> LeRobotDatasetWriter:
+    """A writer for ``out``: a new dataset, or the one there after checking that this run's
+    settings and observations match it (ValueError naming the setting otherwise)."""
+
+    def append() -> LeRobotDatasetWriter:
+        return LeRobotDatasetWriter.open(out, fps=cfg.fps, lossless=cfg.lossless)
+
+    if (out / "meta" / "info.json").exists():
+        writer = append()
+    else:
+        try:
+            writer = LeRobotDatasetWriter(
+                out, fps=cfg.fps, lossless=cfg.lossless, names=_state_names(vec, cfg.obs_mode)
+            )
+        except FileExistsError as error:
+            if not (out / "meta" / "info.json").exists():
+                raise ValueError(f"out: {error}") from None
+            writer = append()  # another run created the dataset meanwhile
+    try:
+        _check_observations(writer.features, vec, out)
+    except BaseException:
+        writer.close()
+        raise
+    return writer
+
+
+def _check_observations(features: dict[str, Any], vec: Any, out: Path) -> None:
+    """The env's observations must be the dataset's observation features, with their shapes."""
+    import gymnasium as gym
+
+    from embodied.core.features import observation_feature
+
+    recorded = {
+        name: list(feature["shape"])
+        for name, feature in features.items()
+        if str(feature.get("trajectory_field", "")).startswith("observations/")
+    }
+    if not recorded:  # a new (or empty) dataset takes whatever comes
+        return
+    ours: dict[str, list[int]] = {}
+
+    def walk(space: Any, path: tuple[str, ...]) -> None:
+        if isinstance(space, gym.spaces.Dict):
+            for key, sub in space.spaces.items():
+                walk(sub, (*path, key))
+        else:
+            ours[observation_feature(path)] = list(space.shape) or [1]
+
+    walk(vec.single_observation_space, ())
+    if set(ours) != set(recorded):
+        raise ValueError(
+            f"obs_mode/cameras: this run records the observations {sorted(ours)} but the dataset "
+            f"at {out} has {sorted(recorded)}"
+        )
+    for name, shape in ours.items():
+        if shape != recorded[name]:
+            setting_name = "image_size" if features[name]["dtype"] == "video" else "task/obs_mode"
+            raise ValueError(
+                f"{setting_name}: this run records {name} with shape {shape} but the dataset at "
+                f"{out} has {recorded[name]}"
+            )
 
 
 def cut_off(traj: Any, fraction: float) -> Any:

@@ -40,19 +40,25 @@ class LabelSummary:
 def run_label(
     root: str | Path, method: str = "procedure", camera: str | None = None
 ) -> LabelSummary:
-    """Label every episode of the dataset at ``root`` and store ``progress.label`` atomically."""
+    """Label every episode of the dataset at ``root`` and store ``progress.label`` atomically.
+
+    Holds the dataset's writer lock throughout (``DatasetBusyError`` if another process writes
+    it); an interrupted run leaves the dataset as it was or fully labelled.
+    """
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    dataset = LeRobotDataset(root)
-    trajs = [dataset.episode(i) for i in range(dataset.num_episodes)]
-    labels = label_trajectories(trajs, method=method, camera=camera)
-    LeRobotDatasetWriter.open(root).add_frame_feature(
-        "progress.label",
-        [np.asarray(lab, dtype=np.float32) for lab in labels],
-        info={"method": method},
-        overwrite=True,  # labels are derived data: labelling again replaces them
-    )
+    # The writer locks the dataset first: no run appends episodes while they are being labelled.
+    with LeRobotDatasetWriter.open(root) as writer:
+        dataset = LeRobotDataset(root)
+        trajs = [dataset.episode(i) for i in range(dataset.num_episodes)]
+        labels = label_trajectories(trajs, method=method, camera=camera)
+        writer.add_frame_feature(
+            "progress.label",
+            [np.asarray(lab, dtype=np.float32) for lab in labels],
+            info={"method": method},
+            overwrite=True,  # labels are derived data: labelling again replaces them
+        )
     finals = np.array([lab[-1] for lab in labels], dtype=np.float64)
     success = np.array([t.success for t in trajs], dtype=bool)
     return LabelSummary(

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from embodied.core.config import save_config
 
-__all__ = ["MetricsLogger", "RunDir", "progress", "read_metrics", "seed_everything"]
+__all__ = ["MetricsLogger", "RunDir", "progress_bar", "read_metrics", "seed_everything"]
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -222,7 +222,7 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return records
 
 
-def progress(
+def progress_bar(
     iterable: Iterable[Any] | None = None,
     total: int | None = None,
     desc: str | None = None,

@@ -21,7 +21,7 @@ import embodied.policies  # noqa: F401  (registers the built-in policy types)
 import embodied.sims as sims
 from embodied.core.config import SEED_MAX, seed_setting, setting, validate
 from embodied.core.policy import Policy
-from embodied.core.run import RunDir, progress, seed_everything
+from embodied.core.run import RunDir, progress_bar, seed_everything
 from embodied.evaluation.report import write_eval_report
 from embodied.evaluation.results import EvalResult, summarize
 from embodied.evaluation.video import annotate_frames, encoder_available, write_video
@@ -247,7 +247,7 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
     (run.path / "videos").mkdir()
     results: list[EvalResult] = []
     started = time.perf_counter()
-    bar = progress(total=len(tasks), desc=f"eval {cfg.policy}")
+    bar = progress_bar(total=len(tasks), desc=f"eval {cfg.policy}")
     with run.metrics() as metrics:
         for step, task in enumerate(tasks):
             result, _ = evaluate_task(

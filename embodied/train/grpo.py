@@ -59,6 +59,7 @@ from embodied.train.loop import Trainer, begin
 from embodied.train.onpolicy import (
     OnPolicyConfig,
     check_ratio,
+    check_task,
     collect_decisions,
     element_log_probs,
     env_kwargs,
@@ -235,6 +236,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     # The monitor compares a model's progress with the simulator's, where the env records it.
     monitored = cfg.reward in ("learned", "judge")
     kwargs = env_kwargs(policy, reward_model)
+    check_task(policy, cfg.task, kwargs)
     num_envs = cfg.num_envs or cfg.groups * cfg.group_size
     first_corr: float | None = None
     # The schedule advances once per iteration (warm-up and cosine over iterations).

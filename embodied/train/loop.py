@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from embodied.core.config import ConfigError, config_to_dict, load_config, validate
-from embodied.core.run import CONFIG_FILE, MetricsLogger, RunDir, progress, seed_everything
+from embodied.core.run import CONFIG_FILE, MetricsLogger, RunDir, progress_bar, seed_everything
 from embodied.train.checkpoints import CHECKPOINT_PREFIX, load_checkpoint, save_checkpoint
 from embodied.train.optim import make_optimizer
 
@@ -131,7 +131,7 @@ class Trainer:
     def steps(self, desc: str = "") -> Iterator[int]:
         """The remaining steps, with a progress bar."""
         remaining = range(self.start, self.total)
-        return iter(progress(remaining, total=len(remaining), desc=desc or self.run.path.name))
+        return iter(progress_bar(remaining, total=len(remaining), desc=desc or self.run.path.name))
 
     def due(self, done: int, every: int) -> bool:
         """Whether a thing done every ``every`` steps is due after ``done`` (always at the end)."""

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+import embodied.sims as sims
 from embodied.core.config import seed_setting, setting
 from embodied.core.features import ObservationSpec
 from embodied.core.reward import RewardModel
@@ -20,7 +21,7 @@ from embodied.policies import Policy
 from embodied.rewards.models import REWARD_TYPES
 from embodied.rollout.backends import DistributedConfig
 from embodied.rollout.episodes import decision_windows
-from embodied.rollout.matching import env_options
+from embodied.rollout.matching import check_policy_env, env_options
 from embodied.sims import grouped_seeds
 from embodied.train.optim import OptimConfig
 
@@ -100,6 +101,16 @@ def env_kwargs(policy: Any, reward_model: RewardModel) -> dict[str, Any]:
     elif kwargs["obs_mode"] == "state" and reward_model.reward_type == "judge":
         kwargs.update(obs_mode="pixels_state")  # the judge resizes whatever camera it gets
     return kwargs
+
+
+def check_task(policy: Policy, task: str, options: dict[str, Any]) -> None:
+    """Refuse, before any rollout or output, a task whose env (built with ``options``) cannot
+    feed ``policy`` or take its actions."""
+    env = sims.make(task, **options)
+    try:
+        check_policy_env(policy.observation_spec, policy.action_spec, env, task)
+    finally:
+        env.close()
 
 
 def rollout_groups(rollouts: Any, seeds: list[int], group_size: int, sample_seed: int) -> list:

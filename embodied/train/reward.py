@@ -32,9 +32,9 @@ from embodied.core.nn import UNKNOWN_WORD, build_vocab
 from embodied.core.run import RunDir
 from embodied.datasets import LeRobotDataset
 from embodied.datasets.training import RewardDataset
-from embodied.rewards.labels import rewind_order, rewind_split
 from embodied.rewards.metrics import success_auroc, voc_summary
 from embodied.rewards.progress import ProgressConfig, ProgressRewardModel, augment_frames
+from embodied.rewards.rewind import rewind_order, rewind_split
 from embodied.train.loop import Trainer, batch_indices, begin
 from embodied.train.optim import OptimConfig
 
@@ -133,7 +133,7 @@ def sample_clip(
     clip_len: int,
     start_crop: float,
     rng: np.random.Generator,
-    full_span: float = setting(0.0, low=0.0, high=1.0),
+    full_span: float = 0.0,
     jitter: bool = True,
 ) -> np.ndarray:
     """Frame indices ``[clip_len]`` of a clip ending near ``end`` (jittered unless ``jitter`` is

@@ -42,20 +42,9 @@ from embodied.evaluation.results import collisions_per_episode
 from embodied.rewards.models import REWARD_TYPES, make_reward_model
 from embodied.rewards.returns import OBJECTIVES, TrajectoryScore, preference_pairs
 from embodied.rollout.backends import make_rollouts
+from embodied.train import onpolicy
 from embodied.train.loop import Trainer, begin
-from embodied.train.onpolicy import (
-    OnPolicyConfig,
-    check_ratio,
-    collect_decisions,
-    element_log_probs,
-    env_kwargs,
-    evaluate_online,
-    finish_iteration,
-    load_policy,
-    mean_stats,
-    rollout_groups,
-    trajectory_totals,
-)
+from embodied.train.onpolicy import OnPolicyConfig
 
 
 @dataclass
@@ -109,9 +98,11 @@ def per_trajectory(
     """``[size]``: the masked sum of ``element_values`` ``[N, K]`` over each trajectory's decisions
     (``batch.trajectory`` says whose), or their mean over the elements with ``normalize``."""
     mask = batch.mask.to(element_values.device, element_values.dtype)
-    totals = trajectory_totals((element_values * mask).sum(-1), batch.trajectory, size)
+    totals = onpolicy.trajectory_totals((element_values * mask).sum(-1), batch.trajectory, size)
     if normalize:
-        totals = totals / trajectory_totals(mask.sum(-1), batch.trajectory, size).clamp(min=1)
+        totals = totals / onpolicy.trajectory_totals(mask.sum(-1), batch.trajectory, size).clamp(
+            min=1
+        )
     return totals
 
 
@@ -124,10 +115,11 @@ def decisions_of(data: Any, trajectories: list[int]) -> Any:
 def train_tpo(cfg: TPOConfig) -> RunDir:
     """Run TPO; return the run directory (final policy in ``policy/``)."""
     device = begin(cfg)
-    policy = load_policy(cfg.policy, cfg.policy_overrides, device).eval()
+    policy = onpolicy.load_policy(cfg.policy, cfg.policy_overrides, device).eval()
     initial = copy.deepcopy(policy).requires_grad_(False) if cfg.reference == "initial" else None
     reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
-    kwargs = env_kwargs(policy, reward_model)
+    kwargs = onpolicy.env_kwargs(policy, reward_model)
+    onpolicy.check_task(policy, cfg.task, kwargs)
     num_envs = cfg.num_envs or cfg.groups * cfg.group_size
     probe = sims.make(cfg.task, obs_mode="state")
     limit = probe.spec.max_episode_steps if probe.spec is not None else None
@@ -138,12 +130,14 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
         rollouts = make_rollouts(cfg.distributed, cfg.task, kwargs, policy, num_envs)
         try:
             if trainer.start == 0 and cfg.eval_episodes > 0:
-                trainer.metrics.log(evaluate_online(cfg, policy, kwargs), 0)
+                trainer.metrics.log(onpolicy.evaluate_online(cfg, policy, kwargs), 0)
             for round_ in trainer.steps("tpo"):
                 t0 = time.perf_counter()
                 base = cfg.train_seed + round_ * cfg.groups
                 seeds = list(range(base, base + cfg.groups))
-                trajs = rollout_groups(rollouts, seeds, cfg.group_size, cfg.seed * 7919 + round_)
+                trajs = onpolicy.rollout_groups(
+                    rollouts, seeds, cfg.group_size, cfg.seed * 7919 + round_
+                )
                 scores = score.batch(trajs, reward_model.score(trajs))
                 pairs = preference_pairs(scores, cfg.group_size, cfg.pairs, cfg.margin)
                 log = {
@@ -158,14 +152,16 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                     log["rollout/collisions"] = collisions
                 t1 = time.perf_counter()
                 if pairs:
-                    data = collect_decisions(trajs, np.zeros(len(trajs)), policy.observation_spec)
+                    data = onpolicy.collect_decisions(
+                        trajs, np.zeros(len(trajs)), policy.observation_spec
+                    )
                     # reference log pi(tau): the sampling log-probs, or the initial policy's
                     norm = cfg.length_normalize
                     if initial is None:
                         ref = per_trajectory(data.old_log_prob, data, len(trajs), norm)
                     else:
                         with torch.no_grad():
-                            element = element_log_probs(initial, data, device)
+                            element = onpolicy.element_log_probs(initial, data, device)
                             ref = per_trajectory(element, data, len(trajs), norm).cpu()
                     rng = np.random.default_rng([cfg.seed, round_])
                     stats, first = [], True
@@ -176,9 +172,9 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                             w = [p[0] for p in chosen]
                             lo = [p[1] for p in chosen]
                             batch = decisions_of(data, w + lo)
-                            element = element_log_probs(policy, batch, device)
+                            element = onpolicy.element_log_probs(policy, batch, device)
                             if first:  # recomputation must match sampling before any update
-                                log["update/first_ratio_error"] = check_ratio(
+                                log["update/first_ratio_error"] = onpolicy.check_ratio(
                                     element, batch, cfg.ratio_tolerance
                                 )
                                 first = False
@@ -196,13 +192,13 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                             where = f"TPO loss in round {round_}"
                             st["grad_norm"] = trainer.update(loss, where, step_schedule=False)
                             stats.append(st)
-                    log.update(mean_stats(stats))
+                    log.update(onpolicy.mean_stats(stats))
                 else:
                     log["update/skipped"] = 1.0
                 trainer.scheduler.step()
                 rollouts.set_weights(policy)
                 log["time/update"] = time.perf_counter() - t1
-                finish_iteration(trainer, kwargs, round_ + 1, log)
+                onpolicy.finish_iteration(trainer, kwargs, round_ + 1, log)
         finally:
             rollouts.close()
     policy.save_pretrained(trainer.run.path / "policy")

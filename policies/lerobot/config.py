@@ -55,8 +55,8 @@ class LeRobotPolicyConfig:
         if kind not in SUPPORTED_TYPES:
             raise ValueError(
                 f"LeRobot policy type {kind!r} is not supported here; supported: "
-                f"{', '.join(SUPPORTED_TYPES)} (flow-matching VLAs such as smolvla and pi0 need "
-                "their VLM backbone from the Hub)"
+                f"{', '.join(SUPPORTED_TYPES)} (LeRobot's flow-matching policies, smolvla and "
+                "pi0, have no adapter yet)"
             )
         steps = self.num_inference_steps
         if self.finetune_steps is None:
