@@ -75,7 +75,11 @@ def test_stats_are_the_ones_lerobot_computes(toolkit_datasets, kind: str, tmp_pa
 
     root = toolkit_datasets[kind]
     ours = LeRobotDataset(root)
-    rows = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    files = sorted((root / "meta/episodes").rglob("*.parquet"))
+    rows = sorted(
+        (row for path in files for row in pq.read_table(path).to_pylist()),
+        key=lambda row: row["episode_index"],
+    )
     # Image stats come from the rendered frames (before lossy encoding): render them again.
     written = rollouts(KINDS[kind][0], list(range(len(rows))))
     per_episode = []
