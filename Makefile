@@ -27,7 +27,7 @@ LEROBOT_VENV := .venv-lerobot
 LEROBOT_PYTHON ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),$(if $(shell $(p) -c 'import sys; print(sys.version_info[:2] == (3, 12))' 2>/dev/null | grep True),$(p))))
 SITE312 := lib/python3.12/site-packages
 
-.PHONY: install demo test test-suite test-mujoco-latest test-lerobot lint format bench clean
+.PHONY: install demo test test-suite test-fast test-mujoco-latest test-lerobot lint format bench clean
 
 # $(call venv,DIR,EXTRAS): create DIR with torch first, pinned by a constraints file, then the package.
 define venv
@@ -50,20 +50,25 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/embodied demo
 
-# pytest, where exit code 5 (no tests collected) is a failure.
-pytest = $(1)/bin/python -m pytest -q $(2); rc=$$?; \
+# pytest on both cores, where exit code 5 (no tests collected) is a failure.
+pytest = $(1)/bin/python -m pytest -q -n 2 $(2); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # Lint, the whole suite (MuJoCo 3.3 + Meta-World), then the simulator tests on the newest MuJoCo.
 test: lint test-suite test-mujoco-latest
 
+# The whole suite, long end-to-end runs included (a plain `pytest` leaves out those marked slow).
 test-suite: install
+	$(call pytest,$(VENV),-m "")
+
+# The quick suite while developing.
+test-fast: install
 	$(call pytest,$(VENV),)
 
 test-mujoco-latest: $(LATEST)/.installed
 	$(LATEST)/bin/python -c "import mujoco; print('newest-MuJoCo check on mujoco', mujoco.__version__)"
-	$(call pytest,$(LATEST),tests/test_tabletop.py tests/test_cli.py tests/test_trajectory.py \
-		tests/test_collect.py tests/test_labels.py)
+	$(call pytest,$(LATEST),tests/test_tabletop.py tests/test_sims_tasks.py tests/test_cli.py \
+		tests/test_trajectory.py tests/test_collect.py tests/test_labels.py)
 
 # The interop tests (tests/lerobot) in the LeRobot environment; loudly skipped without Python 3.12.
 test-lerobot:

@@ -197,12 +197,14 @@ class FlowPolicy(DiffusionPolicy):
     def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
         """Flow-matching loss: MSE between predicted and true velocity, masked by
         ``action_is_pad`` (formula in the module docstring)."""
-        net, cond, x1, keep = self.bc_inputs(batch)
+        net, cond, x1, keep, aux = self.bc_inputs(batch)
         x0 = torch.randn_like(x1)
         tau = self.sample_tau(x1.shape[0])
         t = tau.view(-1, 1, 1)
         x_tau = (1 - t) * x0 + t * x1
-        return self.masked_mse(self.velocity(net, x_tau, tau, cond), x1 - x0, keep)
+        flow = self.masked_mse(self.velocity(net, x_tau, tau, cond), x1 - x0, keep)
+        self.bc_terms["flow"] = flow.detach()
+        return flow + aux
 
     # --- the chain steps ---------------------------------------------------------------------
     def noiseless_step(

@@ -184,6 +184,7 @@ class MLPPolicy(NormalizedPolicy):
     ) -> ActionOutput:
         """One action per observation: ``actions [B, 1, A]`` (raw, clipped), ``log_prob [B]``,
         ``policy_outputs`` ``sample`` (before clipping) and per-dimension ``log_probs [B, A]``."""
+        self.check_inputs(obs)
         mean, log_std = self.distribution(obs)
         if deterministic:
             sample = mean
@@ -205,6 +206,7 @@ class MLPPolicy(NormalizedPolicy):
         policy_outputs: Mapping[str, Any],
     ) -> torch.Tensor:
         """Per-dimension log-densities ``[B, A]`` of recorded samples, with gradients."""
+        self.check_inputs(obs)
         if "sample" not in policy_outputs:
             raise ValueError(f"policy_outputs has no 'sample'; keys: {sorted(policy_outputs)}")
         mean, log_std = self.distribution(obs)

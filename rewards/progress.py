@@ -3,7 +3,7 @@
 ``ProgressRewardModel`` scores a rollout frame by frame, so it can run online:
 
 - each frame (``uint8 [H, W, 3]``) goes through a small CNN with GroupNorm and a spatial-softmax
-  keypoint head (``embodied.core.nn.ImageEncoder``, as the planners use);
+  keypoint head (``embodied.core.vision.ImageEncoder``, as the planners use);
 - the instruction is a bag of words over the dataset's vocabulary (``InstructionEncoder``);
 - a frame token is ``Linear([image, instruction]) + sinusoidal(position)``; a causal
   ``nn.TransformerEncoder`` runs over the frame tokens, so frame ``t``'s outputs depend only on
@@ -33,13 +33,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodied.core.nn import UNKNOWN_WORD, ImageEncoder, InstructionEncoder
+from embodied.core.nn import UNKNOWN_WORD, InstructionEncoder
 from embodied.core.pretrained import (
     config_from_dict,
     load_weights,
     read_pretrained,
     save_pretrained,
 )
+from embodied.core.vision import ImageEncoder
 
 __all__ = ["MODEL_TYPE", "ProgressConfig", "ProgressRewardModel", "augment_frames"]
 

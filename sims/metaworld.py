@@ -13,9 +13,14 @@ adds what the toolkit needs on top:
 - Observations follow LeRobot's gym-env convention: ``pixels`` (one image, or a dict per camera),
   ``agent_pos`` (hand xyz, gripper opening in [0, 1]) and, for ``obs_mode="state"`` or
   ``"pixels_state"``, ``environment_state`` (Meta-World's raw 39-d observation).
-- Images come from our fast offscreen renderer (no shadows, no multisampling, lazy GL context).
-  Meta-World's ``corner`` cameras look at the scene upside down; their images are rotated by 180
-  degrees (both axes flipped, which keeps left and right correct) so they come out upright.
+- Images come from our fast offscreen renderer (no shadows, no multisampling, lazy GL context),
+  which for Meta-World also drops mirror reflections and renders coarser meshes where the camera
+  cannot resolve the difference (``speed_up_rendering``; ``fast_render=False`` keeps Meta-World's
+  look). Meta-World's ``corner`` cameras look at the scene upside down; their images are rotated by
+  180 degrees (both axes flipped, which keeps left and right correct) so they come out upright.
+- Ordered subtask stages (``info["stage"]``, ``info["stage_name"]``, ``env.stages``) and coarse
+  privileged progress ``(stage + success) / len(stages)``, as in the tabletop suite, from the rules
+  in ``embodied.sims.metaworld_stages`` (every MT10 task has its own; others a default).
 - Rewards are Meta-World's own shaped rewards (0-10). Like Meta-World, an episode never terminates;
   it is truncated at Meta-World's max path length (500), or at ``max_path_length``
   (``embodied.sims.make(..., max_episode_steps=N)`` passes N there).
@@ -25,16 +30,26 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from embodied.sims import conventions
+from embodied.sims.meshes import pixel_footprint, simplify_meshes
+from embodied.sims.metaworld_stages import MT10, StageInputs, stage_rule
 from embodied.sims.render import CameraRenderer, set_render_quality
 
 GOALS_PER_BENCHMARK = 50  # MT1 samples this many goals per benchmark seed
+PRESETS: dict[str, tuple[str, ...]] = {"MT10": MT10}  # benchmark task lists, by upper-case name
+# Fast rendering (``speed_up_rendering``): mesh detail in pixels at the nearest the robot comes to
+# a fixed camera, bounded by the hand's workspace box less this margin for the arm's links (over
+# expert episodes of MT10 tasks the arm stayed 0.64-1.3 m from the fixed cameras, the bound gives
+# 0.21-0.92 m), and at least MIN_DISTANCE metres.
+MESH_DETAIL = 1.0
+LINK_MARGIN = 0.25
+MIN_DISTANCE = 0.2
 # Cameras whose up axis points at the floor (verified by rendering): rotate their images 180 deg.
 UPSIDE_DOWN_CAMERAS = frozenset({"corner", "corner2", "corner3", "corner4"})
 INSTALL_HINT = "Meta-World is not installed: pip install 'embodied-toolkit[metaworld]'"
@@ -68,6 +83,7 @@ INSTRUCTIONS: dict[str, str] = {
     "lever-pull-v3": "pull the lever up",
     "plate-slide-v3": "slide the plate into the goal",
     "basketball-v3": "put the ball into the basket",
+    "peg-insert-side-v3": "insert the peg into the hole from the side",
     "assembly-v3": "put the ring onto the peg",
     "disassemble-v3": "take the ring off the peg",
     "hammer-v3": "hammer the nail into the wall",
@@ -100,8 +116,67 @@ def mt1_goals(task: str, benchmark_seed: int) -> tuple[Any, ...]:
     return tuple(_import_metaworld().MT1(task, seed=benchmark_seed).train_tasks)
 
 
+def preset_tasks(name: str) -> tuple[str, ...] | None:
+    """The task names of a Meta-World benchmark preset (``MT10``, any case), or None."""
+    return PRESETS.get(name.upper())
+
+
+def speed_up_rendering(
+    model: Any, env: Any, cameras: Sequence[str], height: int, detail: float = MESH_DETAIL
+) -> float:
+    """Cut what software OpenGL spends on Meta-World's scene, not what its cameras show.
+
+    - No mirror reflections: the floor and the table's metal rim reflect the scene, each a second
+      render pass of every mesh, for under a tenth of a grey level of mean difference at 64 px.
+    - Meshes simplified (``embodied.sims.meshes``) on a grid of ``detail`` pixels at the nearest
+      the robot comes to a camera: the hand's workspace (Meta-World's mocap limits) less
+      ``LINK_MARGIN`` for the links beside and above the hand. Cameras on the robot see it from
+      centimetres; with one of them the meshes stay whole.
+
+    Returns the grid cell in metres (0: meshes kept).
+    """
+    model.mat_reflectance[:] = 0.0
+    ids = [model.camera(name).id for name in cameras]
+    if any(model.cam_bodyid[c] != 0 for c in ids):
+        return 0.0
+    low, high = np.asarray(env.mocap_low), np.asarray(env.mocap_high)
+    footprints = []
+    for c in ids:
+        position = model.cam_pos[c]
+        nearest = float(np.linalg.norm(position - np.clip(position, low, high))) - LINK_MARGIN
+        footprints.append(pixel_footprint(model, c, max(nearest, MIN_DISTANCE), height))
+    cell = detail * min(footprints)
+    simplify_meshes(model, cell)
+    return cell
+
+
+def vectorize_contact_test(env: Any) -> None:
+    """Give Meta-World's ``env`` a ``touching_object`` without its Python loop over contacts.
+
+    Meta-World's ``SawyerXYZEnv.touching_object`` (its grasp test for ``grasp_success`` and the
+    shaped rewards of 28 tasks) walks ``data.contact`` attribute by attribute: half of
+    pick-place's per-step Python time. This one selects the same contacts (both the finger pad
+    and the object among the contact's two geoms) with array tests and adds the same contact
+    forces in the same order, so it returns the same answer (tested along expert episodes).
+    """
+    data = env.data
+    pads = (data.geom("leftpad_geom").id, data.geom("rightpad_geom").id)
+
+    def touching_object(object_geom_id: int) -> bool:
+        contact, forces = data.contact, data.efc_force
+        geoms = contact.geom
+        with_object = (geoms == object_geom_id).any(axis=1)
+        for pad in pads:
+            rows = np.flatnonzero(with_object & (geoms == pad).any(axis=1))
+            if not sum(forces[address] for address in contact.efc_address[rows].tolist()) > 0:
+                return False
+        return True
+
+    env.touching_object = touching_object  # shadows the method for this env only
+
+
 def task_instruction(task: str) -> str:
-    """A short natural-language instruction for a task, e.g. ``peg-insert-side-v3``."""
+    """A short natural-language instruction for a task (``stick-pull-v3`` -> "stick pull")."""
     if task in INSTRUCTIONS:
         return INSTRUCTIONS[task]
     return task.removesuffix("-v3").replace("-", " ")
@@ -111,7 +186,6 @@ class MetaWorldEnv(gym.Env):
     """One Meta-World v3 task. Create it with ``embodied.sims.make("metaworld/<task>")``."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 80}
-    stages = ("task",)  # Meta-World has no subtask stages
 
     def __init__(
         self,
@@ -140,8 +214,11 @@ class MetaWorldEnv(gym.Env):
         # tabletop suite does) makes evaluation faster and the length a time-to-success.
         self.terminate_on_success = terminate_on_success
         self.instruction = task_instruction(task)
+        self._rule = stage_rule(task)
+        self.stages = self._rule.names  # ordered subtasks; ``info["stage"]`` indexes them
         # Render through our renderer only: Meta-World's own is never given a render mode.
         self._env = metaworld.ALL_V3_ENVIRONMENTS[task]()
+        vectorize_contact_test(self._env)
         if max_path_length is not None:
             self._env.max_path_length = max_path_length  # Meta-World truncates at this length
         self.max_episode_steps = int(self._env.max_path_length)
@@ -151,6 +228,10 @@ class MetaWorldEnv(gym.Env):
         camera_names = [self.model.camera(i).name for i in range(self.model.ncam)]
         self.cameras = cameras = conventions.checked_cameras(cameras, camera_names)
         set_render_quality(self.model, fast=fast_render)
+        # Grid (metres) the render meshes were simplified on; 0: as Meta-World ships them.
+        self.mesh_cell = (
+            speed_up_rendering(self.model, self._env, cameras, height) if fast_render else 0.0
+        )
         self._renderer = CameraRenderer(self.model, height, width)
         self._policy = ENV_POLICY_MAP[task]()
 
@@ -162,7 +243,13 @@ class MetaWorldEnv(gym.Env):
         self._blow_up = conventions.BlowUpDetector(self.model, self.data, self.frame_skip)
         self._guard = conventions.EpisodeGuard()
 
+        self._joint_adr = None  # qpos address of the joint the stage rule reads
+        if self._rule.joint is not None:
+            self._joint_adr = int(self.model.jnt_qposadr[self.model.joint(self._rule.joint).id])
         self._raw: np.ndarray | None = None  # Meta-World's last raw observation
+        self._frame: np.ndarray | None = None  # the first camera's image of the current state
+        self._obj_start = np.zeros(3)  # the main object's position at the reset
+        self._joint_start = 0.0
         self._steps = 0
 
     # --- Gymnasium API -----------------------------------------------------------------------
@@ -178,10 +265,15 @@ class MetaWorldEnv(gym.Env):
         self._env.set_task(mt1_goals(self.task, benchmark_seed)[index])
         raw, _ = self._env.reset()
         self._raw = np.asarray(raw, dtype=np.float64)
+        self._obj_start = self._raw[4:7].copy()
+        self._joint_start = self._joint_position()
         self._steps = 0
         self._guard.update(terminated=False, truncated=False)
-        # Meta-World does not evaluate success at reset; episodes start unsolved.
-        return self._observation(), self._info(success=False)
+        # Meta-World evaluates nothing at reset: its info for the reset state gives the first
+        # stage (the rules read only fields that do not depend on the action). Episodes start
+        # unsolved, as in Meta-World.
+        mw_info = self._env.evaluate_state(self._raw, np.zeros(4, dtype=np.float32))[1]
+        return self._observation(), self._info(False, mw_info)
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Apply one 4-D action (hand xyz delta, gripper effort) for 5 Meta-World physics steps."""
@@ -201,7 +293,7 @@ class MetaWorldEnv(gym.Env):
             return self._failed_step(error)
 
         self._raw = np.asarray(raw, dtype=np.float64)
-        info = self._info(success=bool(mw_info.get("success", False)))
+        info = self._info(bool(mw_info.get("success", False)), mw_info)
         for key, value in mw_info.items():
             if key not in info and isinstance(value, (int, float, np.number, np.bool_)):
                 info[key] = float(value)
@@ -211,10 +303,13 @@ class MetaWorldEnv(gym.Env):
         return self._observation(), float(reward), terminated, truncated, info
 
     def render(self) -> np.ndarray | None:
-        """The first camera's image (``render_mode="rgb_array"``)."""
+        """The first camera's image (``render_mode="rgb_array"``): the observation's own when the
+        last reset or step rendered it (videos of pixel policies cost no second frame)."""
         if self.render_mode is None:
             return None
-        return self._render(self.cameras[0])
+        if self._frame is None:
+            self._frame = self._render(self.cameras[0])
+        return self._frame.copy()
 
     def close(self) -> None:
         """Release the renderer's GL context and Meta-World's env."""
@@ -261,19 +356,43 @@ class MetaWorldEnv(gym.Env):
     def _observation(self) -> dict[str, Any]:
         raw = self._raw
         obs: dict[str, Any] = {"agent_pos": raw[:4].astype(np.float32)}
+        self._frame = None  # the state has changed since the last frame
         if self.obs_mode != "state":
             images = {c: self._render(c) for c in self.cameras}
+            self._frame = images[self.cameras[0]]
             obs["pixels"] = images[self.cameras[0]] if len(self.cameras) == 1 else images
         if self.obs_mode != "pixels":
             obs["environment_state"] = raw.astype(np.float32)
         return obs
 
-    def _info(self, success: bool) -> dict[str, Any]:
+    def _joint_position(self) -> float:
+        return 0.0 if self._joint_adr is None else float(self.data.qpos[self._joint_adr])
+
+    def _stage(self, success: bool, mw_info: Mapping[str, Any]) -> int:
+        """Index of the current subtask (``metaworld_stages``); success counts as the last."""
+        if success:
+            return len(self.stages) - 1
+        rule, raw = self._rule, self._raw
+        inputs = StageInputs(
+            hand=raw[:3],
+            tcp=self._env.tcp_center,
+            obj=raw[4:7],
+            obj_start=self._obj_start,
+            goal=raw[36:39],
+            moved=rule.direction * (self._joint_position() - self._joint_start),
+            info=mw_info,
+            extra={site: self.data.site(site).xpos.copy() for site in rule.sites},
+        )
+        return rule.stage(inputs)
+
+    def _info(self, success: bool, mw_info: Mapping[str, Any]) -> dict[str, Any]:
+        stage = self._stage(success, mw_info)
         return {
             "success": success,
-            "stage": 0,
-            "stage_name": self.stages[0],
-            "progress": np.float32(success),  # Meta-World has no stages: done or not
+            "stage": stage,
+            "stage_name": self.stages[stage],
+            # Coarse privileged progress, as the tabletop suite's: completed stages over all.
+            "progress": np.float32((stage + success) / len(self.stages)),
             "instruction": self.instruction,
             "task": self.task,
             "ee_pos": self._raw[:3].astype(np.float32),
@@ -281,7 +400,7 @@ class MetaWorldEnv(gym.Env):
 
     def _failed_step(self, error: str) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """End the episode (truncated, no reward) with the last good observation and the reason."""
-        info = self._info(success=False)
+        info = self._info(False, {})
         info["error"] = error
         self._guard.update(terminated=False, truncated=True)
         return self._observation(), 0.0, False, True, info

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import weakref
 
 import mujoco
@@ -24,6 +25,16 @@ def set_render_quality(model: mujoco.MjModel, fast: bool = True) -> None:
     model.light_castshadow[:] = not fast
 
 
+_OPEN: weakref.WeakSet[CameraRenderer] = weakref.WeakSet()  # renderers holding a GL context
+_exit_hook: list[bool] = []  # [True] once ``_close_open`` is registered to run at exit
+
+
+def _close_open() -> None:
+    """Release every open renderer's GL context (at interpreter exit)."""
+    for renderer in list(_OPEN):
+        renderer.close()
+
+
 class CameraRenderer:
     """Renders named cameras of one model at one resolution.
 
@@ -43,8 +54,17 @@ class CameraRenderer:
         """Return an ``uint8 [H, W, 3]`` image of ``camera`` for the current state of ``data``."""
         if self._renderer is None:
             self._renderer = mujoco.Renderer(self.model, self.height, self.width)
-            # Free the GL context before interpreter shutdown tears EGL down under it.
+            # Free the GL context when the renderer is collected, and at exit before EGL is torn
+            # down under it: exit handlers run last-registered first and MuJoCo registers EGL's
+            # teardown with its first context, so a handler registered after that runs first. A
+            # weakref.finalize alone runs after it whenever some finalizer existed before the
+            # first context (importing torch makes one), and then prints EGL errors.
             self._finalizer = weakref.finalize(self, self._renderer.close)
+            self._finalizer.atexit = False
+            _OPEN.add(self)
+            if not _exit_hook:
+                atexit.register(_close_open)
+                _exit_hook.append(True)
         self._renderer.update_scene(data, camera)
         return self._renderer.render()
 
@@ -52,4 +72,5 @@ class CameraRenderer:
         """Release the GL context (safe to call twice)."""
         if self._finalizer is not None:
             self._finalizer()
+        _OPEN.discard(self)
         self._renderer, self._finalizer = None, None

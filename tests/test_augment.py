@@ -141,7 +141,7 @@ def test_diffusion_bc_trains_on_turned_windows():
     }
     kept = {k: v.clone() for k, v in batch.items() if torch.is_tensor(v)}
     torch.manual_seed(1)
-    _, _, x0, _ = policy.bc_inputs(batch)
+    _, _, x0, _, _ = policy.bc_inputs(batch)
     assert (x0[..., :2] - action[..., :2]).abs().max() > 0.1  # the actions were turned
     assert x0.abs().max() <= 1.0  # and kept in the data's range
     torch.testing.assert_close(x0[..., 2:], action[..., 2:])

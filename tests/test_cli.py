@@ -126,6 +126,21 @@ def test_bench_train_compares_kept_memory_with_glibc_default(capsys) -> None:
         assert row["speedup"] == pytest.approx(row["steps_per_s"] / base["steps_per_s"])
 
 
+def test_bench_vision_reports_encoders_and_pixel_bc_against_their_baselines(capsys) -> None:
+    args = ["bench", "vision", "--json", "--image-size", "32", "--batch", "2"]
+    assert main([*args, "--steps", "1", "--repeats", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    parts = {part: [r for r in rows if r["part"] == part] for part in ("encode", "bc step")}
+    assert len(parts["encode"]) == 3 and parts["encode"][0]["variant"] == "resnet [32, 64]"
+    bc = parts["bc step"]
+    assert bc[0]["variant"] == "state planner (objects)"
+    assert any("no cache" in r["variant"] for r in bc) and any("cached" in r["variant"] for r in bc)
+    for group in parts.values():
+        for row in group:
+            assert row["per_s"] > 0
+            assert row["ratio"] == pytest.approx(row["per_s"] / group[0]["per_s"])
+
+
 @pytest.mark.parametrize(
     "target, device, message",
     [
@@ -157,16 +172,12 @@ def test_bench_policy_reports_every_policy_against_ddim(
     args = ["bench", "policy", "--json", "--image-size", "32", "--batches", "1", "2"]
     assert main([*args, "--decisions", "1", "--repeats", "1", "--policy", str(saved)]) == 0
     rows = json.loads(capsys.readouterr().out)
+    from embodied.apps.bench.policy import POLICY_VARIANTS
+
     labels = [r["policy"] for r in rows if r["batch"] == 1]
-    assert labels[:6] == [
-        "diffusion DDIM-10",
-        "diffusion DDIM-10 state+objects",
-        "flow Euler-4",
-        "flow Euler-1",
-        "vla decoding",
-        "mlp gaussian",
-    ]
-    assert labels[6] == str(saved)
+    variants = [label for label, _, _ in POLICY_VARIANTS]
+    assert labels == [*variants, str(saved)]
+    assert "diffusion DDIM-10 pixels efficientnet" in variants  # one row per camera encoder
     by_key = {(r["policy"], r["batch"]): r for r in rows}
     for row in rows:
         base = by_key["diffusion DDIM-10", row["batch"]]

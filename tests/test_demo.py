@@ -47,6 +47,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return run, printed.getvalue()
 
 
+@pytest.mark.slow  # the whole pipeline at toy sizes: minutes
 def test_demo_runs_every_stage_and_reports_before_and_after(demo_run: tuple[Path, str]) -> None:
     run, stdout = demo_run
     for i, stage in enumerate(("collect", "label", "reward model", "bc", "eval bc", "grpo")):
@@ -86,6 +87,7 @@ def test_demo_runs_every_stage_and_reports_before_and_after(demo_run: tuple[Path
     assert cfg.demos == 4 and cfg.grpo["iterations"] == 1
 
 
+@pytest.mark.slow  # the whole pipeline at toy sizes: minutes
 def test_demo_report_has_plots_and_playable_videos(demo_run: tuple[Path, str]) -> None:
     run, _ = demo_run
     page = (run / "report.html").read_text()
@@ -104,6 +106,7 @@ def test_demo_report_has_plots_and_playable_videos(demo_run: tuple[Path, str]) -
         assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # the whole pipeline at toy sizes: minutes
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium on this machine")
 def test_demo_report_renders_in_headless_chromium(demo_run: tuple[Path, str]) -> None:
     run, _ = demo_run

@@ -103,7 +103,7 @@ def test_environment_state_and_conditioning_mlp_are_used():
     torch.manual_seed(0)
     config = tiny_config(env_state_dim=5, cond_mlp_dims=[24])
     policy = DiffusionPolicy(config).fit_normalizers(stats)
-    assert policy.observation_spec.keys() == [
+    assert policy.observation_spec.read_keys() == [
         "observation.image",
         "observation.state",
         "observation.environment_state",

@@ -159,6 +159,45 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(
     assert (run / "policy" / "model.safetensors").is_file()  # resumed from step 2 and finished
 
 
+CORRUPT_TRAINER = [
+    ("trainer.json", b"{not json", "trainer.json: not readable JSON"),
+    ("trainer.json", b"[1, 2]", "trainer.json: expected a JSON object, got list"),
+    ("trainer.json", b'{"step": 4}', "trainer state does not fit this run (KeyError('optimizer'))"),
+    ("trainer.safetensors", b"\x00garbage", "trainer state does not fit this run"),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "message"), CORRUPT_TRAINER)
+def test_a_corrupt_trainer_state_falls_back_then_is_one_line(
+    saved: dict[str, Path], name: str, content: bytes, message: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:  # fmt: skip
+    """A damaged trainer state in the newest checkpoint: the run resumes from the one before,
+    warning with the file; damaged in every checkpoint: one line, nothing resumed."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(saved["run"], run)
+    shutil.rmtree(run / "policy")
+    checkpoints = sorted((run / "checkpoints").iterdir())
+    (checkpoints[-1] / name).write_bytes(content)
+    cfg = BCConfig(dataset=str(saved["data"]), policy="mlp", steps=4, save_every=2,
+                   eval_episodes=0, device="cpu", resume=str(run))  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_bc(cfg)
+    assert any(message in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert (run / "policy" / "model.safetensors").is_file()  # resumed from step 2 and finished
+    for checkpoint in sorted((run / "checkpoints").iterdir()):
+        (checkpoint / name).write_bytes(content)
+    argv = ["train", "bc", f"dataset={saved['data']}", "policy=mlp", "steps=4", "save_every=2",
+            "eval_episodes=0", "device=cpu", "--resume", str(run)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no readable checkpoint in" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
 CORRUPT_POLICY = [
     ("model.safetensors", b"\x00\x01garbage", "model.safetensors: not a readable safetensors file"),
     ("config.json", b"[1, 2]", "config.json: expected a JSON object, got list"),

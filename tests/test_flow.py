@@ -73,7 +73,7 @@ def test_registered_and_built_by_name():
     assert isinstance(policy, FlowPolicy) and isinstance(policy, DiffusionPolicy)
     assert policy.policy_type == "flow" and DiffusionPolicy.policy_type == "diffusion"
     assert not hasattr(policy, "alphas_cumprod")  # no DDPM machinery left to misuse
-    assert policy.observation_spec.keys() == ["observation.image", "observation.state"]
+    assert policy.observation_spec.read_keys() == ["observation.image", "observation.state"]
 
 
 def test_act_shapes_range_and_reproducibility():

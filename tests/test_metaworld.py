@@ -80,7 +80,7 @@ def test_observation_and_info_contents() -> None:
     assert obs["agent_pos"].dtype == np.float32 and obs["agent_pos"].shape == (4,)
     assert obs["environment_state"].dtype == np.float32 and obs["environment_state"].shape == (39,)
     np.testing.assert_array_equal(obs["agent_pos"], obs["environment_state"][:4])
-    assert info["success"] is False and info["stage"] == 0 and info["stage_name"] == "task"
+    assert info["success"] is False and info["stage"] == 0 and info["stage_name"] == "approach"
     assert info["instruction"] == env.unwrapped.instruction == "push the puck to the goal"
     assert info["task"] == "push-v3"
 
@@ -97,7 +97,8 @@ def test_observation_and_info_contents() -> None:
 def test_instructions_for_known_and_other_tasks() -> None:
     assert mw.task_instruction("pick-place-v3") == "pick up the puck and place it at the goal"
     assert mw.task_instruction("door-open-v3") == "open the door"
-    assert mw.task_instruction("peg-insert-side-v3") == "peg insert side"
+    assert mw.task_instruction("peg-insert-side-v3") == "insert the peg into the hole from the side"
+    assert mw.task_instruction("stick-pull-v3") == "stick pull"  # built from the name
 
 
 def test_bad_actions_raise() -> None:

@@ -526,7 +526,7 @@ def test_cli_wires_train_reward(labelled_reach: Path, tmp_path: Path) -> None:
 def test_image_encoder_backward_is_safe_with_two_threads() -> None:
     """Regression: channels-last input made torch's 2-thread CPU backward corrupt the heap
     (the process aborted with "double free or corruption")."""
-    from embodied.core.nn import ImageEncoder
+    from embodied.core.vision import ImageEncoder
 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)

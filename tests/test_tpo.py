@@ -110,7 +110,7 @@ def test_tpo_round_starts_at_the_reference_and_moves_winners_up(
     assert math.log(2) / 2 < row["update/loss"] < math.log(2)
 
 
-@pytest.mark.parametrize("backend", ["local", "ray"])
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.slow)])
 def test_tpo_resumes_exactly(tmp_path: Path, backend: str) -> None:
     """Killed after round 1 and resumed from its checkpoint, a run ends with the uninterrupted
     run's weights; with Ray the workers must roll round 2 out with the resumed weights, not the

@@ -307,7 +307,7 @@ def test_config_from_dataset_and_registry():
     assert config.n_action_steps == 4 and config.max_instruction_tokens == 6
     assert config.vocab == ["block", "blue", "go", "now", "reach", "red", "the", "to"]
     policy = VLAPolicy(config).fit_normalizers(STATS)
-    assert policy.observation_spec.keys() == [
+    assert policy.observation_spec.read_keys() == [
         "observation.image",
         "observation.state",
         "observation.environment_state",
@@ -316,10 +316,14 @@ def test_config_from_dataset_and_registry():
     assert isinstance(make_policy("vla", tiny_config()), VLAPolicy)
     no_proprio = VLAPolicy(tiny_config(use_proprio=False))
     assert (
-        no_proprio.observation_spec.keys() == ["observation.image"] and no_proprio.proprio is None
+        no_proprio.observation_spec.read_keys() == ["observation.image"]
+        and no_proprio.proprio is None
     )
     no_proprio.fit_normalizers({"action": STATS["action"]})  # no state statistics needed
-    assert no_proprio.act(observations(), INSTRUCTIONS).actions.shape == (4, 3, 2)
+    images_only = {"observation.image": observations()["observation.image"]}
+    assert no_proprio.act(images_only, INSTRUCTIONS).actions.shape == (4, 3, 2)
+    with pytest.raises(ValueError, match="does not read 'observation.environment_state'"):
+        no_proprio.act(observations(), INSTRUCTIONS)  # privileged state it was not trained on
     n_params = sum(p.numel() for p in VLAPolicy(VLAConfig(action_dim=4, state_dim=4)).parameters())
     assert n_params < 3_000_000  # the default tiny backbone stays CPU sized
 

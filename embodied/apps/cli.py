@@ -296,8 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     keep_freed_memory()  # glibc: reuse freed tensor buffers instead of page-faulting them in
     if getattr(args, "config", None) and "=" in args.config:
         args.overrides, args.config = [args.config, *args.overrides], None
-    command = " ".join([args.command, *(getattr(args, k) for k in ("algorithm", "target")
-                                         if getattr(args, k, None))])  # fmt: skip
+    words = [args.command.replace("-", " ")]  # eval-reward is typed `eval reward`
+    words += [getattr(args, k) for k in ("algorithm", "target") if getattr(args, k, None)]
+    command = " ".join(words)
     try:
         return args.func(args)
     except BrokenPipeError:  # `embodied dataset info | head`: the reader left, nothing to say

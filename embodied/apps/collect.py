@@ -22,7 +22,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from embodied.datasets import LeRobotDatasetWriter
 from embodied.datasets.lerobot.lock import defer_interrupts
 from embodied.rewards.rewind import rewind, rewind_split
 from embodied.rollout.episodes import RECORDS, ExpertActor, RandomActor, rollout_vector
+from embodied.sims.metaworld import preset_tasks
 
 POLICIES = ("expert", "random")
 
@@ -43,7 +44,7 @@ POLICIES = ("expert", "random")
 class CollectConfig:
     """What ``embodied collect`` records; every field can be overridden as ``key=value``."""
 
-    task: str = "PickPlace"
+    task: str = "PickPlace"  # tabletop task, metaworld/<name>, or MT10 (each of its tasks)
     policy: str = setting("expert", choices=POLICIES)
     episodes: int = setting(10, low=1)
     out: str = "data/collect"
@@ -66,9 +67,11 @@ class CollectConfig:
 
     def check(self) -> None:
         """A known task, seeds that stay in range, DART labels only from the expert."""
-        if not self.task.startswith("metaworld/") and self.task not in sims.list_tasks():
+        known = self.task.startswith("metaworld/") or preset_tasks(self.task) is not None
+        if not known and self.task not in sims.list_tasks():
             raise ValueError(
-                f"unknown task {self.task!r}; available: {', '.join(sims.list_tasks())}"
+                f"unknown task {self.task!r}; available: {', '.join(sims.list_tasks())}, "
+                "metaworld/<name> or MT10"
             )
         if self.seed + self.episodes - 1 > SEED_MAX:
             raise ValueError(
@@ -150,6 +153,13 @@ def run_collect(cfg: CollectConfig) -> CollectSummary:
 def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
     """``run_collect``, keeping in ``run`` what an interrupt needs."""
     validate(cfg)
+    if (preset := preset_tasks(cfg.task)) is not None:
+        # A benchmark preset (MT10): every task in turn into one multi-task dataset, each on
+        # the seeds seed..seed+episodes-1.
+        parts = [run_collect(replace(cfg, task=f"metaworld/{task}")) for task in preset]
+        totals = [sum(getattr(p, f) for p in parts) for f in ("episodes", "successes", "frames")]
+        seconds, rewound = sum(p.seconds for p in parts), sum(p.rewound for p in parts)
+        return CollectSummary(*totals, seconds, rewound, Path(cfg.out))
     rng = np.random.default_rng(cfg.seed)
     env_kwargs = {
         "obs_mode": cfg.obs_mode,

@@ -10,7 +10,7 @@ An ``ObservationSpec`` says which of those features a model reads and in what sh
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,16 @@ def feature_value_names(spec: dict[str, Any]) -> list[str]:
     return list(names)
 
 
+def one_camera_alias(keys: Sequence[str], available: Collection[str]) -> dict[str, str]:
+    """``{read key: available key}`` for the one case where names differ: a model reading one
+    named camera (``observation.images.front``) of an env built with only that camera, which
+    names its single image ``observation.image``."""
+    cameras = [k for k in keys if k.startswith(CAMERA_PREFIX)]
+    if len(cameras) == 1 and cameras[0] not in available and IMAGE_KEY in available:
+        return {cameras[0]: IMAGE_KEY}
+    return {}
+
+
 @dataclass(frozen=True)
 class ObservationSpec:
     """What a model reads at each decision: its cameras and their sizes, the proprioceptive state
@@ -82,7 +92,7 @@ class ObservationSpec:
         """Whether the model reads the simulator's privileged environment state."""
         return self.env_state_dim > 0
 
-    def keys(self) -> list[str]:
+    def read_keys(self) -> list[str]:
         """The feature names read, cameras first."""
         keys = list(self.cameras)
         if self.state_dim:

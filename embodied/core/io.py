@@ -7,6 +7,7 @@ with ``os.replace`` (atomic on POSIX and Windows). Readers see either the old fi
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_open", "atomic_write_bytes", "atomic_write_text"]
+__all__ = ["atomic_open", "atomic_write_bytes", "atomic_write_text", "read_json_object"]
 
 _WRITE_MODES = ("w", "wt", "wb")
 
@@ -55,6 +56,19 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "
     """Write ``text`` to ``path`` atomically (see ``atomic_open``)."""
     with atomic_open(path, "w", encoding=encoding) as file:
         file.write(text)
+
+
+def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object in ``path``; unreadable JSON or another kind of value is a ``ValueError``
+    naming the file."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not readable JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _fsync_dir(directory: Path) -> None:

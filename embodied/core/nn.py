@@ -1,9 +1,7 @@
 """Neural-network building blocks shared by the peers (policies, rewards): encoders, normalisers.
 
-- ``ImageEncoder``: Diffusion Policy's camera encoder, scaled down: a small ResNet with GroupNorm
-  (batch statistics are a poor fit for the small, correlated batches of RL) ending in a
-  spatial-softmax keypoint head, whose expected (x, y) keypoint coordinates feed a linear layer.
-  It takes ``uint8 [N, H, W, 3]`` images and scales them to [0, 1] itself.
+- ``ResidualBlock2d`` and ``SpatialSoftmax``: the pieces of the camera encoders
+  (``embodied.core.vision``).
 - ``InstructionEncoder``: a bag of words. Instructions are lower-cased and split into words; each
   word's index in ``vocab`` (index 0 = unknown word) selects a learned embedding, and the
   embeddings of an instruction's words are averaged (padding masked out).
@@ -80,47 +78,6 @@ class SpatialSoftmax(nn.Module):
         )
         grid = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)  # [H*W, 2]
         return (attention @ grid).reshape(n, 2 * k)  # E[x], E[y] per keypoint
-
-
-CHUNK = 128  # images an encoder runs at once (see ``ImageEncoder.forward``)
-
-
-class ImageEncoder(nn.Module):
-    """One camera's encoder: ``uint8 [N, H, W, 3] -> float [N, out_dim]``.
-
-    A stride-2 stem, one residual block per entry of ``channels`` (the first keeps the
-    resolution, the rest halve it), a spatial-softmax keypoint head and ``Linear + ReLU``.
-    """
-
-    def __init__(
-        self, channels: Sequence[int] = (32, 64, 128), num_keypoints: int = 32, out_dim: int = 64
-    ) -> None:
-        super().__init__()
-        channels = list(channels)
-        self.stem = nn.Sequential(
-            nn.Conv2d(3, channels[0], 3, 2, 1, bias=False), group_norm(channels[0]), nn.ReLU()
-        )
-        blocks, width = [], channels[0]
-        for i, c in enumerate(channels):
-            blocks.append(ResidualBlock2d(width, c, stride=1 if i == 0 else 2))
-            width = c
-        self.blocks = nn.Sequential(*blocks)
-        self.pool = SpatialSoftmax(width, num_keypoints)
-        self.out = nn.Linear(2 * num_keypoints, out_dim)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Channels-last uint8 images to features; pixels are scaled to [0, 1] here. Many images
-        go through in chunks of ``CHUNK`` (each image is encoded on its own, so the result is the
-        same): a rollout batch of 16 x 100 frames at once is a working set of hundreds of MB per
-        layer, and on a CPU it ran 3x slower per frame than the same frames chunked."""
-        return torch.cat([self.encode(chunk) for chunk in images.split(CHUNK)])
-
-    def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """``forward`` for one chunk."""
-        # Contiguous NCHW: torch 2.13's multi-threaded CPU backward through these GroupNorm
-        # convolutions corrupts the heap on the channels-last view a permute gives.
-        x = (images.permute(0, 3, 1, 2).float() / 255.0).contiguous()
-        return F.relu(self.out(self.pool(self.blocks(self.stem(x)))))
 
 
 def tokenize_words(text: str) -> list[str]:

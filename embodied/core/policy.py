@@ -91,6 +91,8 @@ class Policy(nn.Module, abc.ABC):
         if not isinstance(config, self.config_class):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}")
         self.config = config
+        # The parts of the last ``bc_loss`` (detached scalars, e.g. an auxiliary loss), logged.
+        self.bc_terms: dict[str, torch.Tensor] = {}
 
     # --- what callers read ----------------------------------------------------------------------
     @property
@@ -151,7 +153,7 @@ class Policy(nn.Module, abc.ABC):
     def training_keys(self) -> list[str]:
         """The features a BC batch must hold: the observed ones, plus any a training-only loss
         reads (e.g. an auxiliary target). Never fed to ``act``."""
-        return self.observation_spec.keys()
+        return self.observation_spec.read_keys()
 
     def check_inputs(self, obs: Mapping[str, Any]) -> None:
         """Refuse privileged state offered to a policy that was not trained to read it: a
@@ -159,7 +161,7 @@ class Policy(nn.Module, abc.ABC):
         if ENV_STATE_KEY in obs and not self.observation_spec.privileged:
             raise ValueError(
                 f"the {self.policy_type} policy does not read {ENV_STATE_KEY!r} (privileged "
-                f"simulator state); it reads {self.observation_spec.keys()}"
+                f"simulator state); it reads {self.observation_spec.read_keys()}"
             )
 
     @property

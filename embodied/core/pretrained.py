@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from embodied.core.io import atomic_open, atomic_write_text
+from embodied.core.io import atomic_open, atomic_write_text, read_json_object
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -46,14 +46,7 @@ def read_pretrained(
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         if not (directory / name).is_file():
             raise FileNotFoundError(f"{directory} is not a saved {what}: {name} is missing")
-    path = directory / CONFIG_NAME
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not readable JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
-    return config, directory / WEIGHTS_NAME
+    return read_json_object(directory / CONFIG_NAME), directory / WEIGHTS_NAME
 
 
 def config_from_dict(config_class: type, values: dict[str, Any], directory: Path) -> Any:

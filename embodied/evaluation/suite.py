@@ -27,22 +27,9 @@ from embodied.evaluation.results import EvalResult, summarize
 from embodied.evaluation.video import annotate_frames, encoder_available, write_video
 from embodied.rollout.episodes import ExpertActor, PolicyActor, RandomActor, rollout_vector
 from embodied.rollout.matching import check_policy_env, env_options
+from embodied.sims.metaworld import preset_tasks
 
 SUITES = ("tabletop", "metaworld")
-# Meta-World's MT10 benchmark (its ``MT10_V3`` task list), by name so that listing it needs no
-# Meta-World import.
-MT10 = (
-    "reach-v3",
-    "push-v3",
-    "pick-place-v3",
-    "door-open-v3",
-    "drawer-open-v3",
-    "drawer-close-v3",
-    "button-press-topdown-v3",
-    "peg-insert-side-v3",
-    "window-open-v3",
-    "window-close-v3",
-)
 
 
 def rollout_task(
@@ -193,7 +180,8 @@ def suite_tasks(suite: str, tasks: Sequence[str] = ()) -> list[str]:
         return names
     expanded: list[str] = []
     for name in tasks or ["MT10"]:
-        expanded += list(MT10) if name.upper() == "MT10" else [name.removeprefix("metaworld/")]
+        preset = preset_tasks(name)
+        expanded += list(preset) if preset is not None else [name.removeprefix("metaworld/")]
     available = [t.removeprefix("metaworld/") for t in sims.list_tasks("metaworld")]
     unknown = [t for t in expanded if t not in available]
     if unknown:

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from embodied.core.features import ObservationSpec, env_observation_features
+from embodied.core.features import ObservationSpec, env_observation_features, one_camera_alias
 from embodied.core.policy import Policy
 from embodied.core.trajectory import Trajectory, TrajectoryBuilder
 from embodied.sims.registry import add_action_noise
@@ -222,7 +222,7 @@ class PolicyActor:
     ) -> None:
         spec = policy.observation_spec
         self.policy, self.num_envs, self.n_obs_steps = policy, num_envs, spec.n_obs_steps
-        self.keys = spec.keys()
+        self.keys = spec.read_keys()
         self.deterministic, self.record = deterministic, record
         self.outputs: list[dict[str, np.ndarray] | None] | None = None
         self.seed = seed
@@ -324,13 +324,15 @@ class RandomActor:
 
 
 def read_features(features: dict[str, np.ndarray], keys: Sequence[str]) -> dict[str, np.ndarray]:
-    """The features a policy reads, out of everything an env observation holds; a missing one is
+    """The features a policy reads, out of everything an env observation holds (a one-camera
+    env's ``observation.image`` serves a policy reading that one named camera); a missing one is
     an error naming what the env gave."""
-    missing = [k for k in keys if k not in features]
+    alias = one_camera_alias(keys, features)
+    missing = [k for k in keys if alias.get(k, k) not in features]
     if missing:
         raise ValueError(f"the observation lacks {missing} that the policy reads; it has "
                          f"{sorted(features)}")  # fmt: skip
-    return {k: features[k] for k in keys}
+    return {k: features[alias.get(k, k)] for k in keys}
 
 
 def decision_windows(traj: Trajectory, spec: ObservationSpec) -> dict[str, np.ndarray]:
@@ -341,5 +343,5 @@ def decision_windows(traj: Trajectory, spec: ObservationSpec) -> dict[str, np.nd
     steps = np.asarray(traj.decision_steps, dtype=np.int64)
     offsets = np.arange(n_obs_steps) - (n_obs_steps - 1)
     index = np.clip(steps[:, None] + offsets[None, :], 0, None)  # [K, n]
-    features = read_features(env_observation_features(traj.observations), spec.keys())
+    features = read_features(env_observation_features(traj.observations), spec.read_keys())
     return {key: value[index] for key, value in features.items()}

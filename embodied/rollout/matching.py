@@ -15,6 +15,7 @@ from embodied.core.features import (
     STATE_KEY,
     ActionSpec,
     ObservationSpec,
+    one_camera_alias,
 )
 
 
@@ -83,10 +84,12 @@ def check_policy_env(
     action size, each camera and its size, state sizes, and the state values' names where both
     sides name them (a tabletop policy on Meta-World has the same sizes but other values)."""
     offered, action_dim = env_spec(env)
+    alias = one_camera_alias(list(spec.cameras), offered.cameras)
     problems: list[str] = []
     if action.dim != action_dim:
         problems.append(f"{what} outputs {action.dim}-D actions, {task} takes {action_dim}-D")
     for key, size in spec.cameras.items():
+        key = alias.get(key, key)
         if key not in offered.cameras:
             problems.append(
                 f"{what} reads {key}, {task} offers {sorted(offered.cameras) or 'none'}"

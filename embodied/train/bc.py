@@ -119,8 +119,9 @@ def train_bc(cfg: BCConfig) -> RunDir:
                 policy.ema_update()
             done = step + 1
             if trainer.due(done, cfg.log_every):
+                terms = {f"bc/{k}": float(v) for k, v in policy.bc_terms.items()}
                 lr = trainer.scheduler.get_last_lr()[0]
-                trainer.metrics.log({"bc/loss": loss.item(), "bc/lr": lr}, done)
+                trainer.metrics.log({"bc/loss": loss.item(), "bc/lr": lr, **terms}, done)
             if cfg.eval_episodes > 0 and trainer.due(done, cfg.eval_every):
                 with policy.ema_weights() if hasattr(policy, "ema_weights") else nullcontext():
                     result = evaluate_policy(policy, task, cfg.eval_episodes, cfg.eval_seed,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.core.io import atomic_write_text
+from embodied.core.io import atomic_write_text, read_json_object
 
 CHECKPOINT_PREFIX = "step-"
 
@@ -71,6 +71,7 @@ def load_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
 ) -> tuple[int, dict[str, Any]]:
     """Restore policy weights, optimizer, schedule and RNG states; return (step, extra)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     for name in ("policy", "trainer.safetensors", "trainer.json"):
@@ -78,16 +79,19 @@ def load_checkpoint(
             raise FileNotFoundError(f"{path} is not a complete checkpoint: {name} is missing")
     saved = type(policy).from_pretrained(path / "policy", device=policy.device)
     policy.load_state_dict(saved.state_dict())
-    state = json.loads((path / "trainer.json").read_text())
-    tensors = load_file(str(path / "trainer.safetensors"))
-    torch.set_rng_state(tensors.pop("rng.torch"))
-    optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
-    scheduler.load_state_dict(state["scheduler"])
-    version, internal, gauss = state["rng"]["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = state["rng"]["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))  # noqa: NPY002
-    return int(state["step"]), state["extra"]
+    state = read_json_object(path / "trainer.json")
+    try:
+        tensors = load_file(str(path / "trainer.safetensors"))
+        torch.set_rng_state(tensors.pop("rng.torch"))
+        optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
+        scheduler.load_state_dict(state["scheduler"])
+        version, internal, gauss = state["rng"]["python"]
+        random.setstate((version, tuple(internal), gauss))
+        name, keys, pos, has_gauss, cached = state["rng"]["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))  # noqa: NPY002
+        return int(state["step"]), state["extra"]
+    except (OSError, KeyError, TypeError, ValueError, RuntimeError, SafetensorError) as error:
+        raise ValueError(f"{path}: trainer state does not fit this run ({error!r})") from None
 
 
 def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from embodied.core.nn import UNKNOWN_WORD
+from embodied.core.vision import check_vision_encoder
 from embodied.policies.base import (
     check_choice,
     check_chunk,
@@ -13,6 +14,8 @@ from embodied.policies.base import (
     check_image_keys,
     check_ints,
 )
+
+AUX_STATE_ENCODERS = ("none", "flat", "objects")
 
 
 @dataclass
@@ -40,6 +43,18 @@ class DiffusionConfig:
     n_groups: int = 8
     vision_channels: list[int] = field(default_factory=lambda: [32, 64, 128])
     num_keypoints: int = 32
+    # "resnet" (vision_channels, trained from scratch), "efficientnet_lite0" (ImageNet, frozen,
+    # cut after pretrained_blocks) or "hf:<local dir>" (a transformers vision model, frozen)
+    vision_encoder: str = "resnet"
+    pretrained_blocks: int = 4  # efficientnet_lite0: MBConv blocks kept (4: stride 8)
+    vision_film: bool = False  # FiLM the cameras' feature maps with the instruction embedding
+    image_shift: int = 0  # BC augmentation: images padded by this many pixels, cropped at random
+    # Training-only auxiliary target: the environment state predicted from the cameras'
+    # keypoints (the dataset's ``environment_state``; never an input at inference)
+    aux_state_dim: int = 0
+    aux_state_names: list[str] = field(default_factory=list)
+    aux_state_weight: float = 0.0  # weight of the MSE of the normalised predicted state
+    aux_state_encoder: str = "none"  # "flat" / "objects": condition on the PREDICTED state
     cond_mlp_dims: list[int] = field(default_factory=list)  # MLP on the conditioning; [] = none
     state_noise: float = 0.0  # BC augmentation: N(0, s^2) added to the normalised (env) state
     # BC augmentation (state only): the scene turned by up to augment_yaw degrees about the
@@ -62,6 +77,7 @@ class DiffusionConfig:
         self.down_dims = list(self.down_dims)
         self.vision_channels = list(self.vision_channels)
         self.cond_mlp_dims = list(self.cond_mlp_dims)
+        self.aux_state_names = [str(n) for n in self.aux_state_names]
         if self.finetune_steps is None:
             self.finetune_steps = self.num_inference_steps
         check_ints(
@@ -80,6 +96,9 @@ class DiffusionConfig:
                 "finetune_steps": 1,
                 "object_queries": 1,
                 "object_heads": 1,
+                "pretrained_blocks": 1,
+                "aux_state_dim": 0,
+                "image_shift": 0,
             },
         )
         check_chunk(self)
@@ -88,6 +107,7 @@ class DiffusionConfig:
         self._check_network()
         self._check_sampler()
         self._check_augmentation()
+        self._check_vision()
 
     def _check_network(self) -> None:
         """The encoders' and the U-Net's sizes must fit together."""
@@ -128,6 +148,47 @@ class DiffusionConfig:
             raise ValueError(
                 f"{name} needs 0 < ema_decay < 1, min_std > 0, ddim_eta >= 0; got "
                 f"{self.ema_decay}, {self.min_std}, {self.ddim_eta}"
+            )
+
+    def _check_vision(self) -> None:
+        """Camera-encoder and auxiliary-state settings that can work together."""
+        name = type(self).__name__
+        check_vision_encoder(self.vision_encoder)
+        check_choice(self, "aux_state_encoder", AUX_STATE_ENCODERS)
+        if self.image_shift and 2 * self.image_shift >= self.image_size:
+            raise ValueError(f"{name}.image_shift={self.image_shift} must be < image_size / 2")
+        if self.image_shift and self.vision_encoder != "resnet":
+            raise ValueError(
+                f"{name}.image_shift shifts the images a frozen {self.vision_encoder} trunk "
+                "caches per frame; use it with vision_encoder='resnet'"
+            )
+        if self.aux_state_weight < 0:
+            raise ValueError(f"{name}.aux_state_weight must be >= 0, got {self.aux_state_weight}")
+        uses_aux = self.aux_state_weight > 0 or self.aux_state_encoder != "none"
+        if uses_aux and (not self.image_keys or self.aux_state_dim == 0):
+            raise ValueError(
+                f"{name}.aux_state_weight / aux_state_encoder predict the environment state "
+                f"from the cameras: they need image_keys (got {self.image_keys}) and "
+                f"aux_state_dim > 0 (got {self.aux_state_dim})"
+            )
+        if self.aux_state_encoder != "none" and self.env_state_dim:
+            raise ValueError(
+                f"{name}.aux_state_encoder conditions on the predicted environment state; it "
+                f"cannot be combined with the observed one (env_state_dim={self.env_state_dim})"
+            )
+        if self.aux_state_names and len(self.aux_state_names) != self.aux_state_dim:
+            raise ValueError(
+                f"{name}.aux_state_names has {len(self.aux_state_names)} names for "
+                f"aux_state_dim={self.aux_state_dim}"
+            )
+        if self.aux_state_encoder == "objects" and not self.aux_state_names:
+            raise ValueError(
+                f"{name}.aux_state_encoder='objects' needs aux_state_names (object.quantity)"
+            )
+        if self.aux_state_encoder == "objects" and self.embed_dim % self.object_heads:
+            raise ValueError(
+                f"{name}.object_heads ({self.object_heads}) must divide embed_dim "
+                f"({self.embed_dim})"
             )
 
     def _check_augmentation(self) -> None:

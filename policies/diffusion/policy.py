@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from embodied.core.features import ENV_STATE_KEY, STATE_KEY, ActionSpec, ObservationSpec
-from embodied.core.nn import build_vocab
+from embodied.core.nn import Normalizer, build_vocab
 from embodied.core.policy import ActionOutput, register_policy
 from embodied.core.sampling import Generators, randn
 from embodied.policies.augment import PlanarAugment
@@ -103,6 +103,10 @@ class DiffusionPolicy(NormalizedPolicy):
     def __init__(self, config: DiffusionConfig) -> None:
         super().__init__(config)
         self.build_normalizers(config.state_dim, config.env_state_dim, config.action_dim)
+        # The auxiliary target's scaling (the environment state's statistics; never an input).
+        self.aux_state_normalizer = (
+            Normalizer(config.aux_state_dim, "mean_std") if config.aux_state_dim else None
+        )
         self.model = DiffusionNet(config)
         self.planar_augment = None
         if config.augment_yaw or config.augment_shift:
@@ -155,6 +159,15 @@ class DiffusionPolicy(NormalizedPolicy):
         require_features(features, (STATE_KEY, "action"))
         image_keys, image_size = dataset_cameras(features)
         env_values, texts = env_state_values(features, tasks)
+        if (
+            overrides.get("aux_state_weight", 0)
+            or overrides.get("aux_state_encoder", "none") != "none"
+        ):
+            # The environment state is then the auxiliary target, never an input.
+            env_values = {
+                "aux_state_dim": env_values.get("env_state_dim", 0),
+                "aux_state_names": env_values.get("env_state_names", []),
+            }
         values: dict[str, Any] = {
             **dataset_state_values(features),
             "action_dim": int(features["action"]["shape"][-1]),
@@ -179,7 +192,20 @@ class DiffusionPolicy(NormalizedPolicy):
             stats = {**stats, STATE_KEY: state}
             if env_state is not None:
                 stats[ENV_STATE_KEY] = env_state
+        if self.aux_state_normalizer is not None:
+            if ENV_STATE_KEY not in stats:
+                raise ValueError(
+                    f"the auxiliary state target needs {ENV_STATE_KEY!r} statistics; given: "
+                    f"{sorted(stats)}"
+                )
+            self.aux_state_normalizer.fit(stats[ENV_STATE_KEY])
         return self.fit_state_normalizers(stats)
+
+    def training_keys(self) -> list[str]:
+        """The observed features plus the environment state when it is the auxiliary target
+        (a training label only: ``act`` never reads it)."""
+        aux = [ENV_STATE_KEY] if self.aux_state_normalizer is not None else []
+        return list(dict.fromkeys([*self.observation_spec.read_keys(), *aux]))
 
     @property
     def observation_spec(self) -> ObservationSpec:
@@ -229,25 +255,34 @@ class DiffusionPolicy(NormalizedPolicy):
         return self.ema_model if self.use_ema else self.model
 
     def global_cond(
+        self, net: DiffusionNet, obs: Mapping[str, Any], instructions: Sequence[str]
+    ) -> torch.Tensor:
+        """``net``'s conditioning ``[B, G]`` of observations normalised by this policy's
+        statistics (``ObservationEncoder.condition``)."""
+        return self.conditioning(net, obs, instructions)[0]
+
+    def conditioning(
         self,
         net: DiffusionNet,
         obs: Mapping[str, Any],
         instructions: Sequence[str],
         state_noise: float = 0.0,
-    ) -> torch.Tensor:
-        """``net``'s conditioning ``[B, G]`` of observations normalised by this policy's
-        statistics (``ObservationEncoder.condition``)."""
+        image_shift: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``global_cond`` and the state predicted from the images, with BC augmentation."""
         return net.condition(
-            obs, instructions, self.state_normalizer, self.env_state_normalizer, state_noise
-        )
+            obs, instructions, self.state_normalizer, self.env_state_normalizer,
+            self.aux_state_normalizer, state_noise, image_shift,
+        )  # fmt: skip
 
     # --- training -----------------------------------------------------------------------------
     def bc_inputs(
         self, batch: Mapping[str, Any]
-    ) -> tuple[DiffusionNet, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[DiffusionNet, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """What every planner's BC loss starts from: the live network, its conditioning
-        ``[B, G]``, the normalised action chunk ``[B, horizon, A]`` and a keep-mask of the same
-        shape (0 where ``action_is_pad``)."""
+        ``[B, G]``, the normalised action chunk ``[B, horizon, A]``, a keep-mask of the same
+        shape (0 where ``action_is_pad``) and the weighted auxiliary loss (0 without one: the
+        MSE of the environment state predicted from the images, normalised)."""
         config = self.config
         net = self.model
         actions = torch.as_tensor(batch["action"], device=self.device, dtype=torch.float32)
@@ -259,7 +294,15 @@ class DiffusionPolicy(NormalizedPolicy):
             )
         if self.planar_augment is not None:
             batch, actions = self.augmented(batch, state, actions)
-        cond = self.global_cond(net, batch, batch["instruction"], config.state_noise)
+        cond, predicted = self.conditioning(
+            net, batch, batch["instruction"], config.state_noise, config.image_shift
+        )
+        aux = cond.new_zeros(())
+        if config.aux_state_weight > 0:
+            target = self._window(batch, ENV_STATE_KEY, config.aux_state_dim)
+            target = self.aux_state_normalizer.normalize(target)
+            aux = config.aux_state_weight * ((predicted - target) ** 2).mean()
+        self.bc_terms = {"aux_state": aux.detach()}
         x0 = self.action_normalizer.normalize(actions)
         if self.planar_augment is not None:  # a turned action may leave the data's range
             x0 = x0.clamp(-1.0, 1.0)
@@ -268,7 +311,7 @@ class DiffusionPolicy(NormalizedPolicy):
             keep = (~pad).to(x0.dtype).unsqueeze(-1).expand_as(x0)
         else:
             keep = torch.ones_like(x0)
-        return net, cond, x0, keep
+        return net, cond, x0, keep, aux
 
     def _window(self, batch: Mapping[str, Any], key: str, dim: int) -> torch.Tensor:
         """A state feature's window ``[B, n_obs_steps, dim]`` (float, on our device)."""
@@ -299,13 +342,15 @@ class DiffusionPolicy(NormalizedPolicy):
 
     def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
         """DDPM loss: MSE between predicted and true noise (or x_0), masked by ``action_is_pad``."""
-        net, cond, x0, keep = self.bc_inputs(batch)
+        net, cond, x0, keep, aux = self.bc_inputs(batch)
         noise = torch.randn_like(x0)
         t = torch.randint(0, self.config.num_train_timesteps, (x0.shape[0],), device=x0.device)
         x_t = self.noise_scheduler.add_noise(x0, noise, t)
         prediction = net.unet(x_t, t, cond)
         target = noise if self.config.prediction_type == "epsilon" else x0
-        return self.masked_mse(prediction, target, keep)
+        denoise = self.masked_mse(prediction, target, keep)
+        self.bc_terms["denoise"] = denoise.detach()
+        return denoise + aux
 
     # --- the DDIM step (formulas in policies/sampler.py) --------------------------------------
     def predict_x0(
@@ -360,6 +405,7 @@ class DiffusionPolicy(NormalizedPolicy):
         """Sample a chunk: ``actions [B, n_action_steps, A]`` (raw), ``log_prob [B]``, and the
         ``chain`` / step times / per-step ``log_probs`` in ``policy_outputs``; the chain starts
         at zeros when deterministic, else at ``N(0, I)`` from ``generator``."""
+        self.check_inputs(obs)
         net = self._net()
         cond = self.global_cond(net, obs, instructions)
         shape = (cond.shape[0], self.config.horizon, self.config.action_dim)
@@ -394,6 +440,7 @@ class DiffusionPolicy(NormalizedPolicy):
     ) -> torch.Tensor:
         """Per-step log-densities ``[B, K]`` of a recorded chain, with gradients (one batched
         network call over the B * K steps)."""
+        self.check_inputs(obs)
         net = self._net()
         cond = self.global_cond(net, obs, instructions)
         shape = (self.config.horizon, self.config.action_dim)

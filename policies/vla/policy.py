@@ -374,6 +374,7 @@ class VLAPolicy(Policy):
         """Decode one chunk per observation: ``actions [B, chunk, A]`` (raw, clipped to [-1, 1]),
         ``log_prob [B]``, ``policy_outputs`` ``action_tokens`` / ``log_probs`` ``[B, chunk * A]``.
         ``use_cache=False`` re-runs the whole sequence for every token (a reference for tests)."""
+        self.check_inputs(obs)
         prefix = self.prefix_embeddings(obs, instructions)
         temperature = self.config.temperature
         out = self._decoder(prefix, use_cache=use_cache)
@@ -413,6 +414,7 @@ class VLAPolicy(Policy):
     ) -> torch.Tensor:
         """Per-token log-probabilities ``[B, chunk * A]`` of recorded action tokens under the
         temperature-scaled constrained distribution, with gradients (teacher forcing)."""
+        self.check_inputs(obs)
         if "action_tokens" not in policy_outputs:
             raise ValueError(
                 f"policy_outputs has no 'action_tokens'; keys: {sorted(policy_outputs)}"

