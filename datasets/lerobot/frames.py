@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -243,3 +243,61 @@ def _feature_spec(column: _Column, video_info: dict[str, Any] | None) -> dict[st
     if column.field is not None:
         spec["trajectory_field"] = column.field
     return spec
+
+
+def _check_columns_match(
+    frame_spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
+    features: Mapping[str, Any],
+    columns: Sequence[_Column],
+) -> None:
+    """Raise ValueError naming the feature (and the trajectory field) if an episode's columns
+    differ from a dataset's (``frame_spec``: dtype and per-step shape of each feature)."""
+    spec = {c.name: (c.values.dtype, c.values.shape[1:]) for c in columns}
+
+    def describe(name: str, field: str | None) -> str:
+        return f"{field} (feature {name!r})" if field else f"feature {name!r}"
+
+    for name, (dtype, shape) in frame_spec.items():
+        field = features[name].get("trajectory_field")
+        if name not in spec:
+            raise ValueError(f"the trajectory lacks {describe(name, field)}, which the dataset has")
+        if spec[name] != (dtype, shape):
+            raise ValueError(
+                f"{describe(name, field)}: the trajectory has dtype {spec[name][0]} and "
+                f"per-step shape {spec[name][1]} but the dataset has dtype {dtype} and "
+                f"per-step shape {shape}"
+            )
+    for column in columns:
+        if column.name not in frame_spec:
+            raise ValueError(
+                f"the trajectory has {describe(column.name, column.field)}, which the dataset lacks"
+            )
+
+
+def _index_columns(
+    num_frames: int, fps: int, episode_index: int, first_index: int, task_index: int
+) -> dict[str, np.ndarray]:
+    """An episode's LeRobot index columns (timestamp, frame, episode, dataset and task index)."""
+    frame_index = np.arange(num_frames, dtype=np.int64)
+    return {
+        "timestamp": (frame_index / fps).astype(np.float32),
+        "frame_index": frame_index,
+        "episode_index": np.full(num_frames, episode_index, dtype=np.int64),
+        "index": first_index + frame_index,
+        "task_index": np.full(num_frames, task_index, dtype=np.int64),
+    }
+
+
+def _check_value_names(
+    names: Mapping[str, Sequence[str]], spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]]
+) -> None:
+    """Raise ValueError unless each named feature exists with one name per value."""
+    unknown = sorted(set(names) - set(spec))
+    if unknown:
+        raise ValueError(f"names given for {unknown}, which the episode does not have")
+    for name, labels in names.items():
+        if [len(labels)] != list(spec[name][1][-1:]):
+            raise ValueError(
+                f"{len(labels)} names given for {name!r}, whose values have shape "
+                f"{list(spec[name][1])}"
+            )

@@ -14,6 +14,7 @@ import pyarrow as pa
 from embodied.core.trajectory import Trajectory
 from embodied.datasets.lerobot.add_feature import _add_frame_feature
 from embodied.datasets.lerobot.arrow import _from_arrow
+from embodied.datasets.lerobot.file_checks import _check_index_columns
 from embodied.datasets.lerobot.files import _read_table
 from embodied.datasets.lerobot.frames import (
     ACTION_MASK,
@@ -29,7 +30,7 @@ from embodied.datasets.lerobot.layout import (
     _video_path,
 )
 from embodied.datasets.lerobot.lock import DatasetLock
-from embodied.datasets.lerobot.metadata import _check_index_columns, _load_metadata
+from embodied.datasets.lerobot.metadata import _load_metadata
 from embodied.datasets.lerobot.videos import _decode_frames, _file_sha256
 
 
