@@ -12,6 +12,7 @@ import torch
 from embodied.core.features import (
     ENV_STATE_KEY,
     STATE_KEY,
+    ActionSpec,
     ObservationSpec,
     feature_value_names,
     is_image_key,
@@ -189,6 +190,21 @@ def fit_normalizers(
         raise ValueError(f"statistics lack {missing}; given: {sorted(stats)}")
     for key in keys:
         normalizers[key].fit(stats[key])
+
+
+class ChunkedPolicy(Policy):
+    """A policy that predicts ``config.horizon`` actions per training window and executes
+    ``config.n_action_steps`` of ``config.action_dim`` values per decision."""
+
+    @property
+    def bc_horizon(self) -> int:
+        """The predicted chunk: ``horizon`` actions."""
+        return self.config.horizon
+
+    @property
+    def action_spec(self) -> ActionSpec:
+        """``n_action_steps`` actions per decision."""
+        return ActionSpec(self.config.action_dim, self.config.n_action_steps)
 
 
 class NormalizedPolicy(Policy):

@@ -66,42 +66,16 @@ frame (``quick=True``: headers only), checking decoded sizes against ``info.json
 
 Modules, lowest first: ``layout`` (constants, paths, DatasetError), ``frames`` (Trajectory <->
 per-frame columns), ``arrow`` (numpy <-> arrow), ``files`` (parquet/JSON I/O), ``stats``,
-``videos`` (mp4 encode/decode), ``lock`` (the writer lock, Ctrl-C held back), ``metadata``
-(loading and checking it), ``validate``,
-``add_feature``, ``writer``, ``reader``, ``summary``.
+``videos`` (mp4 encode/decode), ``lock`` (the writer lock, Ctrl-C held back), ``file_checks``
+(data and video files against the metadata), ``metadata`` (loading and checking it),
+``validate``, ``add_feature``, ``recovery`` (picking up a dataset a writer left), ``writer``,
+``reader``, ``summary``.
 """
 
-# The format constants stay importable from here, as from the single module this package was.
-from embodied.datasets.lerobot.frames import (  # noqa: F401
-    ACTION_MASK,
-    DECISION_MASK,
-    DERIVED_FEATURES,
-)
-from embodied.datasets.lerobot.layout import (  # noqa: F401
-    CHUNKS_SIZE,
-    CODEBASE_VERSION,
-    DATA_FILE_SIZE_MB,
-    DATA_PATH,
-    DEFAULT_FEATURES,
-    EPISODES_PATH,
-    INFO_PATH,
-    STATS_PATH,
-    TASKS_PATH,
-    VIDEO_FILE_SIZE_MB,
-    VIDEO_PATH,
-    DatasetBusyError,
-    DatasetError,
-)
+from embodied.datasets.lerobot.layout import CODEBASE_VERSION, DatasetBusyError, DatasetError
 from embodied.datasets.lerobot.reader import LeRobotDataset
-from embodied.datasets.lerobot.stats import QUANTILES, STAT_NAMES  # noqa: F401
 from embodied.datasets.lerobot.summary import dataset_summary
 from embodied.datasets.lerobot.validate import validate_dataset
-from embodied.datasets.lerobot.videos import (  # noqa: F401
-    CODEC_NAMES,
-    LOSSLESS_ENCODER,
-    LOSSY_CRF,
-    LOSSY_PIX_FMTS,
-)
 from embodied.datasets.lerobot.writer import LeRobotDatasetWriter
 
 __all__ = [

@@ -268,35 +268,21 @@ class LeRobotDatasetWriter:
                 self._gaps.append(now - self._last_add)
             self._last_add = now
             if self._commit_due(now):
-                try:
-                    self._commit()
-                except BaseException:
-                    self._fail()
-                    raise
+                self._commit_or_fail()
         return index
 
     def flush(self) -> None:
         """Commit the buffered episodes now (nothing to do when none are buffered)."""
         if self._closed or not self._pending:
             return
-        with defer_interrupts():
-            try:
-                self._commit()
-            except BaseException:
-                self._fail()
-                raise
+        self._commit_or_fail()
 
     def close(self) -> None:
         """Commit the buffered episodes, release the dataset; safe to call twice."""
         if self._closed:
             return
         with defer_interrupts():
-            try:
-                if self._pending or self._needs_commit:
-                    self._commit()
-            except BaseException:
-                self._fail()
-                raise
+            self._commit_or_fail()
             self._closed = True
             self._lock.release()
 
@@ -317,19 +303,24 @@ class LeRobotDatasetWriter:
             lock.acquire()
         try:
             if not self._closed:
-                with defer_interrupts():
-                    try:
-                        if self._pending or self._needs_commit:
-                            self._commit()
-                    except BaseException:
-                        self._fail()
-                        raise
+                self._commit_or_fail()
             self._closed = True
             _add_frame_feature(
                 self.root, _load_metadata(self.root), name, values_per_episode, info, overwrite
             )
         finally:
             lock.release()
+
+    def _commit_or_fail(self) -> None:
+        """Commit the buffered episodes (and metadata an interrupted commit left stale), Ctrl-C
+        held back; on an error drop the buffer, close, and raise."""
+        with defer_interrupts():
+            try:
+                if self._pending or self._needs_commit:
+                    self._commit()
+            except BaseException:
+                self._fail()
+                raise
 
     def _commit_due(self, now: float) -> bool:
         """Whether to commit now: a size limit is reached, or waiting for the next episode (as
