@@ -15,7 +15,19 @@ export MUJOCO_GL ?= egl
 # on both (Meta-World pins 3.3.0, and one environment must never switch MuJoCo versions in place).
 LATEST := .venv-mujoco-latest
 
-.PHONY: install demo test test-suite test-fast test-mujoco-latest lint format bench clean
+# LeRobot interop (`make test-lerobot`): LeRobot needs Python 3.12 and its own torch, so it gets an
+# environment of its own. The pinned LeRobot and this toolkit's dependencies are installed once into
+# a cache shared by every checkout (keyed by the LeRobot version); each checkout then makes a small
+# venv that sees the cache's packages (a .pth file) and installs itself editable on top.
+LEROBOT_VERSION ?= 0.6.1
+LEROBOT_EXTRAS ?= dataset,training,diffusion
+LEROBOT_CACHE ?= $(HOME)/.cache/embodied-toolkit/lerobot-$(LEROBOT_VERSION)-py312
+LEROBOT_VENV := .venv-lerobot
+# The first Python 3.12 that runs: python3.12 on PATH (a pyenv shim may not), then pyenv's.
+LEROBOT_PYTHON ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),$(if $(shell $(p) -c 'import sys; print(sys.version_info[:2] == (3, 12))' 2>/dev/null | grep True),$(p))))
+SITE312 := lib/python3.12/site-packages
+
+.PHONY: install demo test test-suite test-fast test-mujoco-latest test-lerobot lint format bench clean
 
 # $(call venv,DIR,EXTRAS): create DIR with torch first, pinned by a constraints file, then the package.
 define venv
@@ -58,6 +70,36 @@ test-mujoco-latest: $(LATEST)/.installed
 	$(call pytest,$(LATEST),tests/test_tabletop.py tests/test_sims_tasks.py tests/test_cli.py \
 		tests/test_trajectory.py tests/test_collect.py tests/test_labels.py)
 
+# The interop tests (tests/lerobot) in the LeRobot environment; loudly skipped without Python 3.12.
+test-lerobot:
+ifeq ($(LEROBOT_PYTHON),)
+	@echo "################################################################################"
+	@echo "## SKIPPED: make test-lerobot needs Python 3.12 (LeRobot $(LEROBOT_VERSION) requires it);"
+	@echo "## none found on PATH or under ~/.pyenv/versions. The LeRobot interop tests did NOT run."
+	@echo "################################################################################"
+else
+	@if [ ! -f "$(LEROBOT_CACHE)/.installed" ]; then \
+		echo "Building the LeRobot $(LEROBOT_VERSION) environment in $(LEROBOT_CACHE) (once)"; \
+		tmp="$(LEROBOT_CACHE).tmp-$$$$"; rm -rf "$$tmp"; set -e; \
+		$(LEROBOT_PYTHON) -m venv "$$tmp"; \
+		"$$tmp/bin/python" -m pip install -q "lerobot[$(LEROBOT_EXTRAS)]==$(LEROBOT_VERSION)"; \
+		"$$tmp/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" \
+			> "$$tmp/constraints.txt"; \
+		"$$tmp/bin/python" -m pip install -q -c "$$tmp/constraints.txt" ".[dev]"; \
+		"$$tmp/bin/python" -m pip uninstall -q -y embodied-toolkit; \
+		touch "$$tmp/.installed"; \
+		mv -T "$$tmp" "$(LEROBOT_CACHE)" 2>/dev/null || rm -rf "$$tmp"; \
+	fi
+	test -x $(LEROBOT_VENV)/bin/python || $(LEROBOT_PYTHON) -m venv $(LEROBOT_VENV)
+	echo "$(LEROBOT_CACHE)/$(SITE312)" > $(LEROBOT_VENV)/$(SITE312)/zz_lerobot_cache.pth
+	$(LEROBOT_VENV)/bin/python -m pip install -q --no-build-isolation \
+		-c $(LEROBOT_CACHE)/constraints.txt -e ".[dev]"
+	# -P: the checkout's own datasets/ folder must not shadow Hugging Face's `datasets`.
+	HF_HUB_OFFLINE=1 $(LEROBOT_VENV)/bin/python -P -m pytest -q -p no:cacheprovider tests/lerobot; \
+		rc=$$?; if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; \
+		exit $$(( rc == 5 ? 1 : rc ))
+endif
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -71,4 +113,4 @@ bench: install
 	$(BIN)/embodied bench sim
 
 clean:
-	rm -rf $(VENV) $(LATEST) build *.egg-info
+	rm -rf $(VENV) $(LATEST) $(LEROBOT_VENV) build *.egg-info

@@ -71,9 +71,10 @@ class BCDataset(Dataset):
         self.n_obs_steps, self.horizon = n_obs_steps, horizon
         self.cache = _EpisodeCache(dataset, cache_size, keys)
         self.episodes = list(range(dataset.num_episodes)) if episodes is None else list(episodes)
-        lengths = dataset.episode_lengths()
-        # One sample per real action step t (frames 0..T-1; frame T holds the final observation).
-        self.index = [(e, t) for e in self.episodes for t in range(lengths[e])]
+        # One sample per executed action t: frames 0..T-1 of a Trajectory the toolkit wrote
+        # (frame T holds the final observation), every frame of an episode LeRobot recorded.
+        self.actions = dataset.episode_lengths()
+        self.index = [(e, t) for e in self.episodes for t in range(self.actions[e])]
 
     def __len__(self) -> int:
         return len(self.index)
@@ -81,9 +82,9 @@ class BCDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         episode, t = self.index[i]
         frames = self.cache.frames(episode)
-        steps = len(frames["action"]) - 1  # T real actions; the last frame's action is padding
+        steps = int(self.actions[episode])  # executed actions: frames 0..steps-1
         start = t - self.n_obs_steps + 1
-        obs_idx = np.clip(np.arange(start, t + 1), 0, steps)
+        obs_idx = np.clip(np.arange(start, t + 1), 0, len(frames["action"]) - 1)
         act_idx = np.arange(start, start + self.horizon)
         is_pad = (act_idx < 0) | (act_idx >= steps)
         act_idx = np.clip(act_idx, 0, steps - 1)
@@ -122,7 +123,7 @@ class RewardDataset(Dataset):
                 f"dataset has no {label_key!r} feature; run `embodied label` first "
                 f"(features: {', '.join(dataset.features)})"
             )
-        images = [k for k, f in dataset.features.items() if f.get("dtype") == "video"]
+        images = [k for k, f in dataset.features.items() if f.get("dtype") in ("video", "image")]
         if image_key is None and images:
             image_key = images[0]
         if image_key not in images:
@@ -130,10 +131,10 @@ class RewardDataset(Dataset):
         self.clip_len, self.label_key, self.image_key = clip_len, label_key, image_key
         self.cache = _EpisodeCache(dataset, cache_size)
         self.episodes = list(range(dataset.num_episodes)) if episodes is None else list(episodes)
-        lengths = dataset.episode_lengths()
+        last_frames = [row["length"] - 1 for row in dataset.episodes_table()]
         self.index = []
         for e in self.episodes:
-            last = lengths[e]  # frames 0..T
+            last = last_frames[e]  # frames 0..last
             ends = np.linspace(0, last, clips_per_episode + 1)[1:].round().astype(int)
             self.index += [(e, int(end)) for end in ends]
         self.success = dataset.episode_success()

@@ -1,4 +1,4 @@
-"""Policies: VLA and diffusion/flow planners and small baselines.
+"""Policies: VLA and diffusion/flow planners, small baselines, and LeRobot's policies.
 
 Every policy is a ``torch.nn.Module`` implementing ``embodied.core.policy.Policy`` and registered
 by name (``register_policy``); importing this package registers the built-in ones, so
@@ -10,6 +10,7 @@ never the other peers (sims, datasets, rewards).
 from embodied.core.policy import POLICIES, ActionOutput, Policy, make_policy, register_policy
 from embodied.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from embodied.policies.flow import FlowConfig, FlowPolicy
+from embodied.policies.lerobot import LeRobotPolicy, LeRobotPolicyConfig
 from embodied.policies.mlp import MLPConfig, MLPPolicy
 from embodied.policies.vla import VLAConfig, VLAPolicy
 
@@ -20,6 +21,8 @@ __all__ = [
     "DiffusionPolicy",
     "FlowConfig",
     "FlowPolicy",
+    "LeRobotPolicy",
+    "LeRobotPolicyConfig",
     "MLPConfig",
     "MLPPolicy",
     "Policy",

@@ -12,6 +12,7 @@ import torch
 from embodied.core.features import (
     ENV_STATE_KEY,
     STATE_KEY,
+    ActionSpec,
     ObservationSpec,
     feature_value_names,
     is_image_key,
@@ -87,8 +88,9 @@ def require_features(features: Mapping[str, Any], keys: Sequence[str]) -> None:
 
 
 def dataset_cameras(features: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], int | None]:
-    """A dataset's camera keys (video features) and their one square size (None: no camera)."""
-    keys = [k for k, f in features.items() if f.get("dtype") == "video"]
+    """A dataset's camera keys (video features, and image features as LeRobot may store them)
+    and their one square size (None: no camera)."""
+    keys = [k for k, f in features.items() if f.get("dtype") in ("video", "image")]
     sizes = {features[k]["shape"][0] for k in keys} | {features[k]["shape"][1] for k in keys}
     if len(sizes) > 1:
         raise ValueError(f"cameras must share one square size, got sizes {sorted(sizes)}")
@@ -188,6 +190,21 @@ def fit_normalizers(
         raise ValueError(f"statistics lack {missing}; given: {sorted(stats)}")
     for key in keys:
         normalizers[key].fit(stats[key])
+
+
+class ChunkedPolicy(Policy):
+    """A policy that predicts ``config.horizon`` actions per training window and executes
+    ``config.n_action_steps`` of ``config.action_dim`` values per decision."""
+
+    @property
+    def bc_horizon(self) -> int:
+        """The predicted chunk: ``horizon`` actions."""
+        return self.config.horizon
+
+    @property
+    def action_spec(self) -> ActionSpec:
+        """``n_action_steps`` actions per decision."""
+        return ActionSpec(self.config.action_dim, self.config.n_action_steps)
 
 
 class NormalizedPolicy(Policy):

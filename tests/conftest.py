@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
+
+# tests/lerobot needs LeRobot, which needs Python >= 3.12 and its own torch: `make test-lerobot`
+# runs it in an environment of its own. Elsewhere (the main suite) it is not collected.
+collect_ignore = [] if importlib.util.find_spec("lerobot") else ["lerobot"]
 
 # Headless offscreen rendering: MuJoCo reads MUJOCO_GL when it is first imported, so this must run
 # before any test module imports mujoco (a user's explicit choice wins).

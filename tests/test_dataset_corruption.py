@@ -160,9 +160,14 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
         edit_parquet(DATA, image_struct),
         rf"^{DATA}: column 'observation.state' holds struct<bytes: binary, path: string>",
     ),
-    "image feature": (
+    "image feature of a vector's shape": (
         edit_info(feature("observation.state", lambda f: f.update(dtype="image"))),
-        r"^meta/info.json: feature 'observation.state' has dtype 'image', which this toolkit",
+        r"^meta/info.json: feature 'observation.state': an image's shape must be \[height, "
+        r"width, 3\], got \[4\]",
+    ),
+    "string feature": (
+        edit_info(feature("observation.state", lambda f: f.update(dtype="string"))),
+        r"^meta/info.json: feature 'observation.state' has dtype 'string', which this toolkit",
     ),
     "index column shifted": (
         edit_parquet(DATA, shift_ints("index", 1)),

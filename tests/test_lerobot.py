@@ -196,14 +196,19 @@ def test_on_disk_layout_follows_lerobot_v3(tmp_path: Path, sim_trajectories) -> 
     assert episode["videos/observation.images.front/to_timestamp"] == (traj.length + 1) / 16
     assert episode["seed"] == 0 and episode["task_name"] == "PickPlace"
     assert len(episode["stats/observation.state/mean"]) == 4
+    # LeRobot's nesting: images per channel (3, 1, 1), counts as a one-element list.
+    assert np.array(episode["stats/observation.images.front/mean"]).shape == (3, 1, 1)
+    assert episode["stats/object_pos/count"] == [traj.length + 1]
 
     frames = LeRobotDataset(root).episode_frames(0)
     steps = traj.length
     np.testing.assert_array_equal(frames["frame_index"], np.arange(steps + 1))
     np.testing.assert_array_equal(frames["timestamp"], np.arange(steps + 1, dtype=np.float32) / 16)
     assert frames["timestamp"].dtype == np.float32
-    np.testing.assert_array_equal(frames["action"][-1], 0)
-    np.testing.assert_array_equal(frames["action_is_pad"], np.arange(steps + 1) == steps)
+    # The final observation's action repeats the last one executed; has_action marks it.
+    np.testing.assert_array_equal(frames["action"][-1], traj.actions[-1])
+    np.testing.assert_array_equal(frames["has_action"], np.arange(steps + 1) < steps)
+    assert "action_is_pad" not in frames
     np.testing.assert_array_equal(frames["next.done"][:steps], traj.terminated | traj.truncated)
     assert not frames["next.done"][steps] and not frames["next.reward"][steps]
     # info[t] describes the observation after step t (frame t+1); frame 0 is the reset info.
@@ -220,9 +225,12 @@ def test_on_disk_layout_follows_lerobot_v3(tmp_path: Path, sim_trajectories) -> 
     stats = LeRobotDataset(root).stats
     assert stats["observation.images.front"]["mean"].shape == (3, 1, 1)
     assert stats["observation.state"]["q50"].shape == (4,)
-    assert stats["object_pos"]["max"].shape == (8, 3)
-    # Step-aligned columns leave out the padding on the last frame; observations count every frame.
-    assert stats["next.reward"]["count"][0] == steps
+    # LeRobot's shapes: a [N, 8, 3] feature's stats run over its last axis; every frame counts.
+    assert stats["object_pos"]["max"].shape == (3,)
+    np.testing.assert_allclose(
+        stats["object_pos"]["max"], frames["object_pos"].reshape(-1, 3).max(axis=0)
+    )
+    assert stats["next.reward"]["count"][0] == steps + 1
     assert stats["observation.state"]["count"][0] == steps + 1
     np.testing.assert_allclose(
         stats["observation.state"]["mean"], traj.observations["agent_pos"].mean(axis=0), rtol=1e-5
@@ -275,8 +283,10 @@ def test_lossy_frames_decode_in_order(tmp_path: Path) -> None:
         assert int(np.argmin(errors)) == i
 
 
-@pytest.mark.parametrize("lossless", [True, False], ids=["lossless", "yuv420p"])
+@pytest.mark.parametrize("lossless", [True, False], ids=["lossless", "yuv444p"])
 def test_single_camera_with_odd_size(tmp_path: Path, lossless: bool) -> None:
+    import av
+
     trajectories = []
     for i in range(2):
         traj = make_trajectory(i, size=45)
@@ -285,10 +295,21 @@ def test_single_camera_with_odd_size(tmp_path: Path, lossless: bool) -> None:
     write(tmp_path / "dataset", trajectories, lossless=lossless)
     dataset = LeRobotDataset(tmp_path / "dataset")
     assert dataset.features["observation.image"]["shape"] == [45, 45, 3]
+    # Encoded at the size info.json records, not padded: any reader gets 45x45 frames.
+    video = tmp_path / "dataset/videos/observation.image/chunk-000/file-000.mp4"
+    with av.open(str(video)) as container:
+        context = container.streams.video[0].codec_context
+        assert (context.height, context.width) == (45, 45)
     for written, read in zip(trajectories, map(dataset.episode, range(2)), strict=True):
         assert read.observations["pixels"].shape == (13, 45, 45, 3)
         assert trajectories_equal(without_pixels(read), without_pixels(written))
         assert trajectories_equal(read, written) == lossless
+
+
+def test_odd_sizes_in_yuv420p_are_refused_not_padded(tmp_path: Path) -> None:
+    traj = make_trajectory(0, size=45)
+    with pytest.raises(ValueError, match=r"observation.images.front: yuv420p .* got 45x45"):
+        write(tmp_path / "dataset", [traj], pix_fmt="yuv420p")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -85,13 +85,12 @@ def test_reward_clips_carry_labels_and_success(dataset: LeRobotDataset) -> None:
 
 def test_normalization_stats_come_from_the_dataset(dataset: LeRobotDataset) -> None:
     stats = normalization_stats(dataset)
-    # Statistics cover the real actions only, not the zero padding of each last frame.
-    actions = np.concatenate(
-        [
-            dataset.episode_frames(e, keys=["action"])["action"][:-1]
-            for e in range(dataset.num_episodes)
-        ]
-    )
+    # Statistics cover every frame, as LeRobot's do: the final observation's action repeats the
+    # last executed one (no zero padding to skew them).
+    episodes = range(dataset.num_episodes)
+    frames = [dataset.episode_frames(e, keys=["action"])["action"] for e in episodes]
+    np.testing.assert_array_equal(frames[0][-1], frames[0][-2])
+    actions = np.concatenate(frames)
     np.testing.assert_allclose(stats["action"]["max"], actions.max(0))
     np.testing.assert_allclose(stats["action"]["mean"], actions.mean(0), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="no statistics for \\['observation.depth'\\]"):

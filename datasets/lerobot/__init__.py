@@ -17,9 +17,11 @@ Trajectory -> frames. An episode of T steps becomes T+1 frames, one per observat
 - ``observations["agent_pos"]`` -> ``observation.state``; ``observations["pixels"]`` -> video
   ``observation.image`` (one camera) or ``observation.images.<camera>`` (a dict of cameras); any
   other observation key k -> ``observation.<k>`` (nested keys joined with ".").
-- ``action`` holds a_t (zeros on the last frame) and ``action_is_pad`` is True only on the last
-  frame; ``next.reward``, ``next.done`` (terminated or truncated), ``next.terminated`` and
-  ``next.truncated`` hold the step's outcome (0 / False on the last frame).
+- ``action`` holds a_t; the last frame (the final observation) repeats a_{T-1}, and
+  ``has_action`` is False only there (datasets written before hold ``action_is_pad``, its
+  negation, and zeros: both are read). ``next.reward``, ``next.done`` (terminated or truncated),
+  ``next.terminated`` and ``next.truncated`` hold the step's outcome (0 / False on the last
+  frame).
 - ``info[k][t]`` describes the observation after step t, so it goes to frame t+1. Frame 0 takes
   ``metadata["reset_info"][k]`` (what the rollout records) when it is there with the right
   shape; otherwise frame 0 repeats frame 1's value. Info keys keep their names, except that
@@ -34,6 +36,13 @@ Every feature that came from a Trajectory field names it in ``info.json`` as
 ``"trajectory_field"`` (the ``Trajectory.to_dict`` key, e.g. ``"info/stage"``), which is how the
 reader rebuilds the Trajectory. The exact per-frame shape of a column is its parquet type
 (a scalar column, or nested fixed-size lists); ``info.json`` writes LeRobot's ``[1]`` for scalars.
+Images are encoded at their exact size (odd sizes need ``yuv444p`` or lossless), and statistics
+are computed as LeRobot computes them (``stats``), so LeRobot reads these datasets and appends
+to them.
+
+Datasets LeRobot wrote are read too: image features (PNG structs), variable-size list columns
+(its 2-D features), episodes without the writer's ``success`` / ``seed`` / ... columns, and
+features without ``trajectory_field``, mapped to Trajectory fields by LeRobot's names.
 
 Crash safety. The writer commits finished episodes as NEW files (a data file, a video file per
 camera, an episodes file), then ``meta/tasks.parquet``, ``meta/stats.json`` and
@@ -57,43 +66,16 @@ frame (``quick=True``: headers only), checking decoded sizes against ``info.json
 
 Modules, lowest first: ``layout`` (constants, paths, DatasetError), ``frames`` (Trajectory <->
 per-frame columns), ``arrow`` (numpy <-> arrow), ``files`` (parquet/JSON I/O), ``stats``,
-``videos`` (mp4 encode/decode), ``lock`` (the writer lock, Ctrl-C held back), ``metadata``
-(loading and checking it), ``validate``,
-``add_feature``, ``writer``, ``reader``, ``summary``.
+``videos`` (mp4 encode/decode), ``lock`` (the writer lock, Ctrl-C held back), ``file_checks``
+(data and video files against the metadata), ``metadata`` (loading and checking it),
+``validate``, ``add_feature``, ``recovery`` (picking up a dataset a writer left), ``writer``,
+``reader``, ``summary``.
 """
 
-# The format constants stay importable from here, as from the single module this package was.
-from embodied.datasets.lerobot.frames import DECISION_MASK, DERIVED_FEATURES  # noqa: F401
-from embodied.datasets.lerobot.layout import (  # noqa: F401
-    CHUNKS_SIZE,
-    CODEBASE_VERSION,
-    DATA_FILE_SIZE_MB,
-    DATA_PATH,
-    DEFAULT_FEATURES,
-    EPISODES_PATH,
-    INFO_PATH,
-    STATS_PATH,
-    TASKS_PATH,
-    VIDEO_FILE_SIZE_MB,
-    VIDEO_PATH,
-    DatasetBusyError,
-    DatasetError,
-)
+from embodied.datasets.lerobot.layout import CODEBASE_VERSION, DatasetBusyError, DatasetError
 from embodied.datasets.lerobot.reader import LeRobotDataset
-from embodied.datasets.lerobot.stats import (  # noqa: F401
-    QUANTILES,
-    STAT_NAMES,
-    VIDEO_STATS_FRAMES,
-    VIDEO_STATS_SIZE,
-)
 from embodied.datasets.lerobot.summary import dataset_summary
 from embodied.datasets.lerobot.validate import validate_dataset
-from embodied.datasets.lerobot.videos import (  # noqa: F401
-    CODEC_NAMES,
-    LOSSLESS_ENCODER,
-    LOSSY_CRF,
-    LOSSY_PIX_FMTS,
-)
 from embodied.datasets.lerobot.writer import LeRobotDatasetWriter
 
 __all__ = [

@@ -22,7 +22,7 @@ from embodied.datasets.lerobot.layout import (
     _group_by_file,
 )
 from embodied.datasets.lerobot.metadata import _Metadata
-from embodied.datasets.lerobot.stats import _episode_stats, _real_steps, _stats_json, _stats_row
+from embodied.datasets.lerobot.stats import _episode_stats, _stats_json, _stats_row
 
 
 def _extra_features(features: Mapping[str, Any]) -> list[str]:
@@ -84,7 +84,7 @@ def _add_frame_feature(
         column = np.concatenate([values[r["episode_index"]] for r in rows])
         _write_parquet(root / relative, table.append_column(name, _to_arrow(column)))
 
-    stats = [_episode_stats(_real_steps(name, array), video=False) for array in values]
+    stats = [_episode_stats(array, video=False) for array in values]
     for relative in meta.episode_files:
         table = _read_table(root, relative, INFO_PATH)
         table = table.drop_columns(

@@ -4,22 +4,28 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from embodied.core.features import observation_feature
+from embodied.core.features import CAMERA_PREFIX, IMAGE_KEY, STATE_KEY, observation_feature
 from embodied.core.trajectory import Trajectory
-from embodied.datasets.lerobot.layout import DEFAULT_FEATURES, DatasetError, _episodes_path
+from embodied.datasets.lerobot.layout import DEFAULT_FEATURES
 
+# True on the frames whose ``action`` was executed: every frame but an episode's last (its final
+# observation, where ``action`` repeats the last executed one, as LeRobot repeats an episode's
+# last action past its end). Neither ``<key>_is_pad``, which LeRobot reserves for its own padding
+# masks, nor a name starting with "action", which LeRobot would train on as an action output.
+ACTION_MASK = "has_action"
+LEGACY_ACTION_PAD = "action_is_pad"  # what datasets written before ``ACTION_MASK`` hold (negated)
 # Features computed from other Trajectory fields; they have no "trajectory_field" of their own.
-DERIVED_FEATURES = ("action_is_pad", "next.done")
+DERIVED_FEATURES = (ACTION_MASK, LEGACY_ACTION_PAD, "next.done")
 DECISION_MASK = "decision_mask"
 
 
-# Columns the writer adds to the episode rows; ``episode()`` needs them.
-_TRAJECTORY_COLUMNS = ("success", "seed", "suite", "task_name", "metadata")
+# Per-frame features whose last frame says whether an episode LeRobot wrote succeeded.
+SUCCESS_FEATURES = ("next.success", "success")
 
 
 class _Column(NamedTuple):
@@ -72,8 +78,16 @@ def _check_image(key: str, values: np.ndarray) -> None:
         )
 
 
-def _trajectory_columns(traj: Trajectory) -> list[_Column]:
-    """Every per-frame column of one trajectory except LeRobot's default ones (package doc)."""
+def _hold_last(values: np.ndarray) -> np.ndarray:
+    """``values`` [T, ...] followed by a copy of its last entry (zeros when T = 0): [T+1, ...]."""
+    last = values[-1:] if len(values) else np.zeros((1, *values.shape[1:]), dtype=values.dtype)
+    return np.concatenate([values, last])
+
+
+def _trajectory_columns(traj: Trajectory, legacy_pad: bool = False) -> list[_Column]:
+    """Every per-frame column of one trajectory except LeRobot's default ones (package doc);
+    ``legacy_pad`` writes the older ``action_is_pad`` (True on the last frame) instead of
+    ``has_action``, for datasets that already hold it."""
     flat = traj.to_dict()  # validates, and names every field the way info.json records it
     steps = traj.length
     columns: dict[str, _Column] = {}
@@ -94,10 +108,12 @@ def _trajectory_columns(traj: Trajectory) -> list[_Column]:
                 _check_image(key, values)
             add(_observation_feature(path), key, values, video)
 
-    is_pad = np.zeros(steps + 1, dtype=bool)
-    is_pad[-1] = True
-    add("action", "actions", _append_zero(traj.actions))
-    add("action_is_pad", None, is_pad)
+    has_action = np.arange(steps + 1) < steps
+    add("action", "actions", _hold_last(traj.actions))
+    if legacy_pad:
+        add(LEGACY_ACTION_PAD, None, ~has_action)
+    else:
+        add(ACTION_MASK, None, has_action)
     add("next.reward", "rewards", _append_zero(traj.rewards))
     add("next.done", None, _append_zero(traj.terminated | traj.truncated))
     add("next.terminated", "terminated", _append_zero(traj.terminated))
@@ -123,20 +139,53 @@ def _trajectory_columns(traj: Trajectory) -> list[_Column]:
     return list(columns.values())
 
 
+def _named_field(name: str) -> str | None:
+    """The Trajectory field of a feature that no ``trajectory_field`` names (a dataset LeRobot
+    wrote), by LeRobot's conventional names; None for features a Trajectory does not hold."""
+    if name.startswith(CAMERA_PREFIX):
+        return f"observations/pixels/{name[len(CAMERA_PREFIX) :]}"
+    if name.startswith("observation.") and "/" not in name:
+        path = {STATE_KEY: "agent_pos", IMAGE_KEY: "pixels"}.get(name, name[len("observation.") :])
+        return f"observations/{path}"
+    return _NAMED_FIELDS.get(name)
+
+
+_NAMED_FIELDS = {
+    "action": "actions",
+    "next.reward": "rewards",
+    "next.terminated": "terminated",
+    "next.truncated": "truncated",
+}
+
+
 def _frames_to_trajectory(
-    frames: Mapping[str, np.ndarray], features: Mapping[str, Any], row: Mapping[str, Any]
+    frames: Mapping[str, np.ndarray],
+    features: Mapping[str, Any],
+    row: Mapping[str, Any],
+    success: bool | None = None,
 ) -> Trajectory:
-    """Inverse of ``_trajectory_columns`` plus the episode row: the Trajectory that was written."""
-    missing = [c for c in _TRAJECTORY_COLUMNS if c not in row]
-    if missing:
-        raise DatasetError(
-            f"{_episodes_path(row)}: no {missing[0]!r} column, so the episodes were not written "
-            "by LeRobotDatasetWriter; read their frames with episode_frames()"
-        )
+    """Inverse of ``_trajectory_columns`` plus the episode row: the Trajectory that was written.
+
+    An episode of N frames has T = N - 1 steps. Episodes LeRobot wrote lack the writer's episode
+    columns (``success``, ``seed``, ``suite``, ``task_name``, ``metadata``): ``success`` is then
+    the given one (False when None: not recorded), the rest take empty defaults. In datasets
+    LeRobot wrote, no feature names a ``trajectory_field``: features map by LeRobot's names
+    (``_named_field``; ``next.done`` stands in for ``next.terminated``), missing rewards and flags
+    are zeros, and the last frame's action, which has no observation after it, is left out.
+    """
     steps = int(row["length"]) - 1
-    flat: dict[str, Any] = {"decision_steps": np.zeros(0, dtype=np.int64)}
-    for name, feature in features.items():
-        field = feature.get("trajectory_field")
+    fields = {name: feature.get("trajectory_field") for name, feature in features.items()}
+    if not any(fields.values()):
+        fields = {name: _named_field(name) for name in features}
+        if "next.done" in features and "next.terminated" not in features:
+            fields["next.done"] = "terminated"
+    flat: dict[str, Any] = {
+        "decision_steps": np.zeros(0, dtype=np.int64),
+        "rewards": np.zeros(steps, dtype=np.float32),
+        "terminated": np.zeros(steps, dtype=bool),
+        "truncated": np.zeros(steps, dtype=bool),
+    }
+    for name, field in fields.items():
         if field is None:
             continue
         values = frames[name]
@@ -150,12 +199,15 @@ def _frames_to_trajectory(
             flat[field] = np.flatnonzero(values).astype(np.int64)
         else:  # actions, rewards, terminated, truncated
             flat[field] = values[:steps]
-    flat["success"] = bool(row["success"])
+    for name in ("rewards", "terminated", "truncated"):
+        flat[name] = flat[name].reshape(steps)
+    recorded = row.get("success")
+    flat["success"] = bool(recorded if recorded is not None else success)
     flat["instruction"] = row["tasks"][0]
-    flat["task"] = row["task_name"]
-    flat["suite"] = row["suite"]
-    flat["metadata"] = row["metadata"]
-    if row["seed"] >= 0:
+    flat["task"] = row.get("task_name") or ""
+    flat["suite"] = row.get("suite") or ""
+    flat["metadata"] = row.get("metadata") or "{}"
+    if row.get("seed") is not None and row["seed"] >= 0:
         flat["seed"] = int(row["seed"])
     return Trajectory.from_dict(flat)
 
@@ -191,3 +243,61 @@ def _feature_spec(column: _Column, video_info: dict[str, Any] | None) -> dict[st
     if column.field is not None:
         spec["trajectory_field"] = column.field
     return spec
+
+
+def _check_columns_match(
+    frame_spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
+    features: Mapping[str, Any],
+    columns: Sequence[_Column],
+) -> None:
+    """Raise ValueError naming the feature (and the trajectory field) if an episode's columns
+    differ from a dataset's (``frame_spec``: dtype and per-step shape of each feature)."""
+    spec = {c.name: (c.values.dtype, c.values.shape[1:]) for c in columns}
+
+    def describe(name: str, field: str | None) -> str:
+        return f"{field} (feature {name!r})" if field else f"feature {name!r}"
+
+    for name, (dtype, shape) in frame_spec.items():
+        field = features[name].get("trajectory_field")
+        if name not in spec:
+            raise ValueError(f"the trajectory lacks {describe(name, field)}, which the dataset has")
+        if spec[name] != (dtype, shape):
+            raise ValueError(
+                f"{describe(name, field)}: the trajectory has dtype {spec[name][0]} and "
+                f"per-step shape {spec[name][1]} but the dataset has dtype {dtype} and "
+                f"per-step shape {shape}"
+            )
+    for column in columns:
+        if column.name not in frame_spec:
+            raise ValueError(
+                f"the trajectory has {describe(column.name, column.field)}, which the dataset lacks"
+            )
+
+
+def _index_columns(
+    num_frames: int, fps: int, episode_index: int, first_index: int, task_index: int
+) -> dict[str, np.ndarray]:
+    """An episode's LeRobot index columns (timestamp, frame, episode, dataset and task index)."""
+    frame_index = np.arange(num_frames, dtype=np.int64)
+    return {
+        "timestamp": (frame_index / fps).astype(np.float32),
+        "frame_index": frame_index,
+        "episode_index": np.full(num_frames, episode_index, dtype=np.int64),
+        "index": first_index + frame_index,
+        "task_index": np.full(num_frames, task_index, dtype=np.int64),
+    }
+
+
+def _check_value_names(
+    names: Mapping[str, Sequence[str]], spec: Mapping[str, tuple[np.dtype, tuple[int, ...]]]
+) -> None:
+    """Raise ValueError unless each named feature exists with one name per value."""
+    unknown = sorted(set(names) - set(spec))
+    if unknown:
+        raise ValueError(f"names given for {unknown}, which the episode does not have")
+    for name, labels in names.items():
+        if [len(labels)] != list(spec[name][1][-1:]):
+            raise ValueError(
+                f"{len(labels)} names given for {name!r}, whose values have shape "
+                f"{list(spec[name][1])}"
+            )

@@ -3,10 +3,14 @@ the files that hold an episode, and ``DatasetError`` for anything wrong on disk.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
 
 CODEBASE_VERSION = "v3.0"
 CHUNKS_SIZE = 1000  # files per chunk directory
@@ -99,3 +103,53 @@ def _group_by_file(
 def _video_keys(features: Mapping[str, Any]) -> list[str]:
     """Names of the video features."""
     return [name for name, feature in features.items() if feature["dtype"] == "video"]
+
+
+def _tasks_table(tasks: Sequence[str]) -> pa.Table:
+    """meta/tasks.parquet as LeRobot writes it with pandas: ``task`` is the (named) index."""
+    pandas_metadata = {
+        "index_columns": ["task"],
+        "column_indexes": [],
+        "columns": [
+            {
+                "name": name,
+                "field_name": name,
+                "pandas_type": pandas_type,
+                "numpy_type": numpy_type,
+                "metadata": None,
+            }
+            for name, pandas_type, numpy_type in (
+                ("task_index", "int64", "int64"),
+                ("task", "unicode", "object"),
+            )
+        ],
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+    }
+    table = pa.table(
+        {
+            "task_index": pa.array(np.arange(len(tasks), dtype=np.int64)),
+            "task": pa.array(list(tasks), type=pa.string()),
+        }
+    )
+    return table.replace_schema_metadata({"pandas": json.dumps(pandas_metadata)})
+
+
+def _new_info(
+    robot_type: str, fps: int, data_file_size_mb: float, video_file_size_mb: float
+) -> dict[str, Any]:
+    """meta/info.json of a new, empty dataset (features come with the first episode)."""
+    return {
+        "codebase_version": CODEBASE_VERSION,
+        "robot_type": robot_type,
+        "total_episodes": 0,
+        "total_frames": 0,
+        "total_tasks": 0,
+        "chunks_size": CHUNKS_SIZE,
+        "data_files_size_in_mb": data_file_size_mb,
+        "video_files_size_in_mb": video_file_size_mb,
+        "fps": fps,
+        "splits": {"train": "0:0"},
+        "data_path": DATA_PATH,
+        "video_path": VIDEO_PATH,
+        "features": {},
+    }

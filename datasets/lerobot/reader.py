@@ -14,16 +14,23 @@ import pyarrow as pa
 from embodied.core.trajectory import Trajectory
 from embodied.datasets.lerobot.add_feature import _add_frame_feature
 from embodied.datasets.lerobot.arrow import _from_arrow
+from embodied.datasets.lerobot.file_checks import _check_index_columns
 from embodied.datasets.lerobot.files import _read_table
-from embodied.datasets.lerobot.frames import _frames_to_trajectory
+from embodied.datasets.lerobot.frames import (
+    ACTION_MASK,
+    LEGACY_ACTION_PAD,
+    SUCCESS_FEATURES,
+    _frames_to_trajectory,
+)
 from embodied.datasets.lerobot.layout import (
     DatasetError,
     _data_path,
+    _episodes_path,
     _group_by_file,
     _video_path,
 )
 from embodied.datasets.lerobot.lock import DatasetLock
-from embodied.datasets.lerobot.metadata import _check_index_columns, _load_metadata
+from embodied.datasets.lerobot.metadata import _load_metadata
 from embodied.datasets.lerobot.videos import _decode_frames, _file_sha256
 
 
@@ -101,17 +108,41 @@ class LeRobotDataset:
         return [dict(row) for row in self._meta.episodes]
 
     def episode_lengths(self) -> np.ndarray:
-        """Steps T of each episode (``Trajectory.length``; an episode has T+1 frames)."""
-        return np.array([row["length"] - 1 for row in self._meta.episodes], dtype=np.int64)
+        """Executed actions per episode, frames ``0 .. n-1`` of each: the T steps of a Trajectory
+        the toolkit wrote (T+1 frames, the last one holding the final observation, which
+        ``has_action`` marks), and every frame of an episode LeRobot recorded (LeRobot records an
+        action with each frame)."""
+        final = 1 if ACTION_MASK in self.features or LEGACY_ACTION_PAD in self.features else 0
+        return np.array([row["length"] - final for row in self._meta.episodes], dtype=np.int64)
 
     def episode_success(self) -> np.ndarray:
-        """Whether each episode succeeded."""
-        return np.array([bool(row["success"]) for row in self._meta.episodes], dtype=bool)
+        """Whether each episode succeeded: the writer's ``success`` episode column, else, for
+        episodes LeRobot wrote, the last frame of a ``next.success`` or ``success`` feature.
+        DatasetError naming the episode when neither records it."""
+        return np.array([self._success(index) for index in range(self.num_episodes)], dtype=bool)
+
+    def _success(self, index: int) -> bool:
+        """Episode ``index``'s success (``episode_success``)."""
+        row = self._row(index)
+        if row.get("success") is not None:
+            return bool(row["success"])
+        for key in SUCCESS_FEATURES:
+            if key in self.features and self.features[key]["dtype"] == "bool":
+                return bool(self.episode_frames(index, keys=[key])[key][-1])
+        raise DatasetError(
+            f"{_episodes_path(row)}: episode {index} records no success (no 'success' episode "
+            f"column, no {' or '.join(map(repr, SUCCESS_FEATURES))} feature)"
+        )
 
     def episode(self, index: int) -> Trajectory:
-        """Episode ``index`` as the Trajectory that was written (images decoded)."""
+        """Episode ``index`` as the Trajectory that was written (images decoded); for episodes
+        LeRobot wrote, what ``frames._frames_to_trajectory`` maps of it."""
         frames = self.episode_frames(index)
-        return _frames_to_trajectory(frames, self.features, self._row(index))
+        try:
+            success = self._success(index)
+        except DatasetError:
+            success = None
+        return _frames_to_trajectory(frames, self.features, self._row(index), success)
 
     def episode_frames(
         self, index: int, keys: Sequence[str] | None = None
@@ -129,7 +160,7 @@ class LeRobotDataset:
             if self.features[name]["dtype"] == "video":
                 frames[name] = self._decode(row, name, 0, row["length"])
             else:
-                frames[name] = _from_arrow(table[name])
+                frames[name] = self._column(row, table, name)
         return frames
 
     def frame(self, index: int) -> dict[str, np.ndarray]:
@@ -145,8 +176,16 @@ class LeRobotDataset:
             if feature["dtype"] == "video":
                 frame[name] = self._decode(row, name, offset, offset + 1)[0]
             else:
-                frame[name] = _from_arrow(table[name])[0]
+                frame[name] = self._column(row, table, name)[0]
         return frame
+
+    def _column(self, row: Mapping[str, Any], table: pa.Table, name: str) -> np.ndarray:
+        """Feature ``name`` of an episode's rows as an array (images decoded); DatasetError
+        naming the data file and the column when the column cannot be one."""
+        try:
+            return _from_arrow(table[name])
+        except (ValueError, OSError, pa.ArrowException) as error:
+            raise DatasetError(f"{_data_path(row)}: column {name!r}: {error}") from None
 
     def add_frame_feature(
         self,

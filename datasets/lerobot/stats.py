@@ -1,5 +1,24 @@
-"""Feature statistics: per-episode min/max/mean/std/count/quantiles, their aggregate for
-``meta/stats.json``, and their ``stats/<feature>/<stat>`` columns in the episode rows."""
+"""Feature statistics computed exactly as LeRobot 0.6 computes them (``compute_episode_stats``
+and ``aggregate_stats``), so a dataset written here and one LeRobot appends to hold stats of the
+same shapes, values and parquet types: per-episode stats in the episode rows
+(``stats/<feature>/<stat>``, nested lists) and their aggregate in ``meta/stats.json``.
+
+Per episode and feature, over every frame (LeRobot keeps no padding aside):
+
+- numeric ``[N]`` (info shape ``[1]``): stats of shape ``(1,)``; ``[N, D]``: ``(D,)``;
+  ``[N, ..., D]`` (e.g. ``object_pos`` ``[N, 8, 3]``): ``(D,)`` over all rows of the last axis,
+  count N (LeRobot flattens the leading axes);
+- images and videos: ``estimate_num_samples`` frames picked evenly, strided down when a side
+  reaches 300 px, per-channel stats over their pixels divided by 255, shape ``(3, 1, 1)``, count =
+  the frames picked;
+- min, max, mean, std from one pass in float32 for float32 / integer-free data (numpy's
+  ``result_type(dtype, float32)``, as LeRobot's ``RunningQuantileStats``), quantiles
+  q01..q99 interpolated in a 5000-bin histogram per dimension; fewer than 2 rows: quantiles are
+  the mean.
+
+Aggregation: min/max elementwise, mean weighted by count, std from the weighted second moments,
+quantiles as the count-weighted mean of the episodes' quantiles (approximate, as LeRobot's).
+"""
 
 from __future__ import annotations
 
@@ -10,69 +29,133 @@ import numpy as np
 
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 STAT_NAMES = ("min", "max", "mean", "std", "count", *QUANTILES)
-VIDEO_STATS_FRAMES = 16  # frames sampled per episode for image stats (aggregated over episodes)
-VIDEO_STATS_SIZE = 32  # images are strided down to about this many pixels a side for stats
+QUANTILE_BINS = 5000  # histogram bins per dimension for the quantiles
+# Frames an episode's image stats sample: all below 100, then n ** 0.75, at most 10 000.
+IMAGE_SAMPLES_MIN, IMAGE_SAMPLES_MAX, IMAGE_SAMPLES_POWER = 100, 10_000, 0.75
+# Images with a side of at least 300 px are strided down to about 150 px for their stats.
+IMAGE_DOWNSAMPLE_FROM, IMAGE_DOWNSAMPLE_TO = 300, 150
+IMAGE_DTYPES = ("video", "image")
 
 
 def _stats_shape(feature: Mapping[str, Any]) -> tuple[int, ...]:
-    """Shape of a feature's stats: (3, 1, 1) per channel for videos, else the feature shape."""
-    return (3, 1, 1) if feature["dtype"] == "video" else tuple(feature["shape"])
+    """Shape of a feature's stats: (3, 1, 1) per channel for images, else its last axis."""
+    if feature["dtype"] in IMAGE_DTYPES:
+        return (3, 1, 1)
+    return (int(feature["shape"][-1]),)
 
 
-def _real_steps(name: str, values: np.ndarray) -> np.ndarray:
-    """The rows statistics are computed over: step-aligned columns (``action``, ``next.*``,
-    ``decision.*``) leave out the last frame, whose padding zeros would skew normalisation."""
-    step_aligned = name == "action" or name.startswith(("next.", "decision."))
-    return values[:-1] if step_aligned and len(values) > 1 else values
+def _image_sample_count(num_frames: int) -> int:
+    """How many frames of an episode image stats use (LeRobot's ``estimate_num_samples``)."""
+    low = min(num_frames, IMAGE_SAMPLES_MIN)
+    return max(low, min(int(num_frames**IMAGE_SAMPLES_POWER), IMAGE_SAMPLES_MAX))
+
+
+def _image_samples(frames: np.ndarray) -> np.ndarray:
+    """The frames image stats read, channel first ``[n, 3, h, w]`` (``sample_images``)."""
+    count = _image_sample_count(len(frames))
+    picks = np.round(np.linspace(0, len(frames) - 1, count)).astype(int)
+    images = frames[picks].transpose(0, 3, 1, 2)
+    height, width = images.shape[2:]
+    if max(height, width) >= IMAGE_DOWNSAMPLE_FROM:
+        factor = int((width if width > height else height) / IMAGE_DOWNSAMPLE_TO)
+        images = images[:, :, ::factor, ::factor]
+    return images
+
+
+def _quantile(histogram: np.ndarray, edges: np.ndarray, target: float) -> float:
+    """A quantile interpolated in a histogram (LeRobot's ``_compute_single_quantile``)."""
+    cumulative = np.cumsum(histogram)
+    index = int(np.searchsorted(cumulative, target))
+    if index == 0:
+        return edges[0]
+    if index >= len(cumulative):
+        return edges[-1]
+    before = cumulative[index - 1]
+    in_bin = cumulative[index] - before
+    if in_bin == 0:
+        return edges[index]
+    return edges[index] + (target - before) / in_bin * (edges[index + 1] - edges[index])
+
+
+def _row_stats(rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Stats of ``rows`` ``[n, D]`` per column, as ``RunningQuantileStats`` after one update."""
+    rows = rows.astype(np.result_type(rows.dtype, np.float32), copy=False)
+    low, high = np.min(rows, axis=0), np.max(rows, axis=0)
+    mean = np.mean(rows, axis=0)
+    variance = np.mean(rows**2, axis=0) - mean**2
+    stats = {
+        "min": low.copy(),
+        "max": high.copy(),
+        "mean": mean,
+        "std": np.sqrt(np.maximum(0, variance)),
+    }
+    histograms, edges = [], []
+    for column in range(rows.shape[1]):
+        bins = np.linspace(low[column] - 1e-10, high[column] + 1e-10, QUANTILE_BINS + 1)
+        histograms.append(np.histogram(rows[:, column], bins=bins)[0].astype(np.float64))
+        edges.append(bins)
+    for name, q in QUANTILES.items():
+        target = q * len(rows)
+        values = [_quantile(h, e, target) for h, e in zip(histograms, edges, strict=True)]
+        stats[name] = np.array(values)
+    return stats
+
+
+def _basic_stats(values: np.ndarray) -> dict[str, np.ndarray]:
+    """Stats of fewer than two rows: quantiles are the mean (``_compute_basic_stats``)."""
+    mean = np.mean(values, axis=0)
+    stats = {
+        "min": np.min(values, axis=0),
+        "max": np.max(values, axis=0),
+        "mean": mean,
+        "std": np.std(values, axis=0),
+    }
+    stats.update({name: mean.copy() for name in QUANTILES})
+    return stats
 
 
 def _episode_stats(values: np.ndarray, video: bool) -> dict[str, np.ndarray]:
-    """Stats of one episode's column; images: per channel, scaled to [0, 1], sampled frames."""
+    """One episode's stats of a feature's per-frame ``values`` ``[N, ...]`` in LeRobot's shapes
+    (module docstring); ``video``: camera images ``uint8 [N, H, W, 3]`` (a video or an image
+    feature)."""
     if video:
-        picks = np.unique(np.linspace(0, len(values) - 1, VIDEO_STATS_FRAMES).round().astype(int))
-        stride = max(1, max(values.shape[1:3]) // VIDEO_STATS_SIZE)
-        samples = values[picks, ::stride, ::stride].reshape(-1, 3) / 255.0
-        count, shape = len(picks), (3, 1, 1)
+        images = _image_samples(values)
+        rows, count = images.transpose(0, 2, 3, 1).reshape(-1, images.shape[1]), len(images)
     else:
-        samples = values.astype(np.float64).reshape(len(values), -1)
-        count, shape = len(values), values.shape[1:] or (1,)
-    stats = {
-        "min": samples.min(axis=0),
-        "max": samples.max(axis=0),
-        "mean": samples.mean(axis=0),
-        "std": samples.std(axis=0),
-    }
-    quantiles = np.quantile(samples, list(QUANTILES.values()), axis=0)
-    stats.update(zip(QUANTILES, quantiles, strict=True))
-    stats = {name: value.reshape(shape) for name, value in stats.items()}
-    stats["count"] = np.array([count], dtype=np.int64)
+        values = values.reshape(len(values)) if values.shape[1:] in ((), (1,)) else values
+        rows = values.reshape(-1, 1) if values.ndim == 1 else values
+        count = len(values)
+    if rows.shape[0] < 2:
+        stats = _basic_stats(rows)
+    else:
+        stats = _row_stats(rows.reshape(-1, rows.shape[-1]))
+    if video:
+        stats = {name: value.reshape(3, 1, 1) / 255.0 for name, value in stats.items()}
+    elif values.ndim == 1:
+        stats = {name: value.reshape(1) for name, value in stats.items()}
+    stats["count"] = np.array([count])
     return {name: stats[name] for name in STAT_NAMES}
 
 
 def _aggregate_stats(per_episode: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Combine per-episode stats of one feature (LeRobot's rule).
-
-    min, max, mean, std and count are exact; quantiles are the count-weighted mean of the
-    episodes' quantiles, an approximation.
-    """
-    counts = np.array([s["count"][0] for s in per_episode], dtype=np.float64)
-    total = counts.sum()
-    weights = (counts / total).reshape(-1, *[1] * per_episode[0]["mean"].ndim)
-
-    def weighted(name: str) -> np.ndarray:
-        return (np.stack([s[name] for s in per_episode]) * weights).sum(axis=0)
-
-    mean = weighted("mean")
-    spread = [s["std"] ** 2 + (s["mean"] - mean) ** 2 for s in per_episode]
+    """Combine per-episode stats of one feature (LeRobot's ``aggregate_feature_stats``)."""
+    means = np.stack([s["mean"] for s in per_episode])
+    variances = np.stack([s["std"] ** 2 for s in per_episode])
+    counts = np.stack([s["count"] for s in per_episode])
+    total = counts.sum(axis=0)
+    while counts.ndim < means.ndim:
+        counts = np.expand_dims(counts, axis=-1)
+    mean = (means * counts).sum(axis=0) / total
+    variance = ((variances + (means - mean) ** 2) * counts).sum(axis=0) / total
     stats = {
-        "min": np.min([s["min"] for s in per_episode], axis=0),
-        "max": np.max([s["max"] for s in per_episode], axis=0),
+        "min": np.min(np.stack([s["min"] for s in per_episode]), axis=0),
+        "max": np.max(np.stack([s["max"] for s in per_episode]), axis=0),
         "mean": mean,
-        "std": np.sqrt((np.stack(spread) * weights).sum(axis=0)),
-        "count": np.array([int(total)], dtype=np.int64),
+        "std": np.sqrt(variance),
+        "count": total,
     }
     for name in QUANTILES:
-        stats[name] = weighted(name)
+        stats[name] = (np.stack([s[name] for s in per_episode]) * counts).sum(axis=0) / total
     return {name: stats[name] for name in STAT_NAMES}
 
 
@@ -143,20 +226,40 @@ def _stats_json(per_episode: Sequence[Mapping[str, Mapping[str, np.ndarray]]]) -
 
 
 def _stats_row(stats: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, list]:
-    """Per-episode stats as episode-row columns ``stats/<feature>/<stat>`` (flat lists)."""
+    """Per-episode stats as episode-row columns ``stats/<feature>/<stat>``, nested like their
+    arrays (images ``(3, 1, 1)`` -> lists of lists of lists), as LeRobot writes them."""
     return {
-        f"stats/{name}/{stat}": value.reshape(-1).tolist()
+        f"stats/{name}/{stat}": value.tolist()
         for name, feature_stats in stats.items()
         for stat, value in feature_stats.items()
     }
 
 
 def _stats_from_row(row: Mapping[str, Any], features: Mapping[str, Any]) -> dict:
-    """Inverse of ``_stats_row`` for the given features."""
+    """Inverse of ``_stats_row`` for the given features.
+
+    Rows written before the stats took LeRobot's shapes hold a ``[N, ..., D]`` feature's stats
+    per entry (e.g. ``(8, 3)``, flattened); they are combined into LeRobot's ``(D,)`` by the
+    aggregation rule, each entry counting N rows: exact for min, max, mean and std.
+    """
     stats: dict[str, dict[str, np.ndarray]] = {}
     for name, feature in features.items():
-        stats[name] = {}
-        for stat in STAT_NAMES:
-            value = np.array(row[f"stats/{name}/{stat}"])
-            stats[name][stat] = value if stat == "count" else value.reshape(_stats_shape(feature))
+        shape = _stats_shape(feature)
+        values = {stat: np.array(row[f"stats/{name}/{stat}"]) for stat in STAT_NAMES}
+        size = values["mean"].size
+        if size != int(np.prod(shape)) and size % shape[-1] == 0:
+            entries = [
+                {
+                    stat: value if stat == "count" else value.reshape(-1, shape[-1])[entry]
+                    for stat, value in values.items()
+                }
+                for entry in range(size // shape[-1])
+            ]
+            combined = _aggregate_stats(entries)
+            combined["count"] = values["count"]
+            values = combined
+        stats[name] = {
+            stat: value if stat == "count" else value.reshape(shape)
+            for stat, value in values.items()
+        }
     return stats

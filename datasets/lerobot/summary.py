@@ -5,13 +5,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from embodied.datasets.lerobot.layout import DatasetError
 from embodied.datasets.lerobot.reader import LeRobotDataset
 
 
 def dataset_summary(root: str | os.PathLike[str]) -> dict[str, Any]:
     """Episodes, frames, fps, tasks, features, success rate, size, codec: ``dataset info``."""
     dataset = LeRobotDataset(root)
-    successes = dataset.episode_success()
+    try:
+        successes = dataset.episode_success()
+        success_rate = float(successes.mean()) if len(successes) else None
+    except DatasetError:  # not recorded (a dataset LeRobot wrote, without next.success)
+        success_rate = None
     codecs = sorted(
         {
             f"{feature.get('info', {}).get('video.codec')} "
@@ -29,7 +34,7 @@ def dataset_summary(root: str | os.PathLike[str]) -> dict[str, Any]:
         "frames": dataset.num_frames,
         "fps": dataset.fps,
         "tasks": dataset.tasks,
-        "success_rate": float(successes.mean()) if len(successes) else None,
+        "success_rate": success_rate,
         "size_bytes": size,
         "video_codec": ", ".join(codecs) if codecs else None,
         "features": {

@@ -7,6 +7,11 @@ import os
 from pathlib import Path
 
 from embodied.datasets.lerobot.arrow import _from_arrow
+from embodied.datasets.lerobot.file_checks import (
+    _INDEX_COLUMNS,
+    _check_frame_size,
+    _check_index_columns,
+)
 from embodied.datasets.lerobot.files import _read_table
 from embodied.datasets.lerobot.layout import (
     INFO_PATH,
@@ -16,13 +21,7 @@ from embodied.datasets.lerobot.layout import (
     _group_by_file,
     _video_keys,
 )
-from embodied.datasets.lerobot.metadata import (
-    _INDEX_COLUMNS,
-    _check_frame_size,
-    _check_index_columns,
-    _load_metadata,
-    _Metadata,
-)
+from embodied.datasets.lerobot.metadata import _load_metadata, _Metadata
 from embodied.datasets.lerobot.videos import _decode_all, _file_sha256
 
 

@@ -22,15 +22,10 @@ LOSSY_CRF = 20
 # caps PSNR near 29 dB. yuv444p (H.264 High 4:4:4) keeps it; crf 20 gives about 37 dB there.
 LOSSY_PIX_FMTS = ("yuv420p", "yuv444p")
 LOSSLESS_ENCODER = "libx264rgb"  # H.264 in RGB with qp 0: bit-exact, and any H.264 decoder reads it
+# Pixel formats with chroma subsampled in both directions: frames must have even sizes. Frames are
+# encoded at their exact size (never padded), so readers, LeRobot's included, get what was written.
+EVEN_PIX_FMTS = ("yuv420p",)
 CODEC_NAMES = {"libx264": "h264", "libx264rgb": "h264", "libsvtav1": "av1", "libopenh264": "h264"}
-
-
-def _pad_even(frames: np.ndarray) -> np.ndarray:
-    """Pad odd heights/widths by one edge pixel (yuv420p needs even sizes); readers crop."""
-    pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
-    if pad_h or pad_w:
-        frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
-    return frames
 
 
 def _video_info(
@@ -63,7 +58,16 @@ class _VideoEncoder:
     def __init__(
         self, path: Path, location: tuple[int, int], fps: int, frame_shape: tuple, info: dict
     ) -> None:
-        """Open ``path``'s temporary file with the encoder settings from a feature's info."""
+        """Open ``path``'s temporary file with the encoder settings from a feature's info;
+        ValueError (naming the camera) for odd sizes in a format that needs even ones."""
+        height, width = frame_shape[:2]
+        subsampled = not info["video.lossless"] and info["video.pix_fmt"] in EVEN_PIX_FMTS
+        if subsampled and (height % 2 or width % 2):
+            raise ValueError(
+                f"{path.parent.parent.name}: {info['video.pix_fmt']} stores colour at half "
+                f"resolution and needs even image sizes, got {height}x{width}; use "
+                "pix_fmt='yuv444p' (the default) or lossless=True, which store any size"
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.location = location  # (chunk_index, file_index) of ``path``
@@ -72,8 +76,7 @@ class _VideoEncoder:
         self.encoded_bytes = 0
         self._container = av.open(str(self.tmp_path), mode="w", format="mp4")
         self._stream = self._container.add_stream(info["video.encoder"], rate=fps)
-        self._stream.height = frame_shape[0] + frame_shape[0] % 2
-        self._stream.width = frame_shape[1] + frame_shape[1] % 2
+        self._stream.height, self._stream.width = height, width
         if info["video.lossless"]:
             self._stream.pix_fmt = "rgb24"
             self._stream.options = {"qp": "0"}
@@ -85,7 +88,7 @@ class _VideoEncoder:
     def add(self, frames: np.ndarray) -> int:
         """Append ``uint8 [n, H, W, 3]`` frames; return the file frame index of the first one."""
         first = self.num_frames
-        for image in _pad_even(frames):
+        for image in frames:
             frame = av.VideoFrame.from_ndarray(image, format="rgb24")
             frame.pts = self.num_frames
             self._mux(self._stream.encode(frame))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,46 +19,43 @@ import pyarrow as pa
 from embodied.core.features import observation_feature
 from embodied.core.trajectory import Trajectory
 from embodied.datasets.lerobot.add_feature import _add_frame_feature, _extra_features
-from embodied.datasets.lerobot.arrow import _arrow_spec, _to_arrow
+from embodied.datasets.lerobot.arrow import _to_arrow
 from embodied.datasets.lerobot.files import (
-    _open_parquet,
-    _read_table,
     _write_json,
     _write_parquet,
 )
 from embodied.datasets.lerobot.frames import (
+    LEGACY_ACTION_PAD,
+    _check_columns_match,
     _check_episode_scalars,
+    _check_value_names,
     _Column,
     _feature_spec,
+    _index_columns,
     _trajectory_columns,
 )
 from embodied.datasets.lerobot.layout import (
-    CHUNKS_SIZE,
-    CODEBASE_VERSION,
     COMMIT_INTERVAL_S,
     DATA_FILE_SIZE_MB,
     DATA_PATH,
     DEFAULT_FEATURES,
     EPISODES_PATH,
     INFO_PATH,
-    LOCK_NAME,
     STATS_PATH,
     TASKS_PATH,
     VIDEO_FILE_SIZE_MB,
     VIDEO_PATH,
-    DatasetError,
-    _data_path,
     _first_free_location,
+    _new_info,
     _next_location,
+    _tasks_table,
     _video_keys,
-    _video_path,
 )
 from embodied.datasets.lerobot.lock import DatasetLock, defer_interrupts
-from embodied.datasets.lerobot.metadata import _load_metadata, _Metadata, _stats_count
+from embodied.datasets.lerobot.metadata import _load_metadata
+from embodied.datasets.lerobot.recovery import _claim_new, _reopen
 from embodied.datasets.lerobot.stats import (
     _episode_stats,
-    _real_steps,
-    _stats_from_row,
     _stats_row,
     _StatsTotals,
 )
@@ -73,35 +69,6 @@ class _PendingEpisode:
     row: dict[str, Any]
     table: pa.Table
     stats: dict[str, dict[str, np.ndarray]]
-
-
-def _tasks_table(tasks: Sequence[str]) -> pa.Table:
-    """meta/tasks.parquet as LeRobot writes it with pandas: ``task`` is the (named) index."""
-    pandas_metadata = {
-        "index_columns": ["task"],
-        "column_indexes": [],
-        "columns": [
-            {
-                "name": name,
-                "field_name": name,
-                "pandas_type": pandas_type,
-                "numpy_type": numpy_type,
-                "metadata": None,
-            }
-            for name, pandas_type, numpy_type in (
-                ("task_index", "int64", "int64"),
-                ("task", "unicode", "object"),
-            )
-        ],
-        "creator": {"library": "pyarrow", "version": pa.__version__},
-    }
-    table = pa.table(
-        {
-            "task_index": pa.array(np.arange(len(tasks), dtype=np.int64)),
-            "task": pa.array(list(tasks), type=pa.string()),
-        }
-    )
-    return table.replace_schema_metadata({"pandas": json.dumps(pandas_metadata)})
 
 
 class LeRobotDatasetWriter:
@@ -162,30 +129,8 @@ class LeRobotDatasetWriter:
         video_info = _video_info(fps, video_codec, crf, lossless, pix_fmt)
         if root.exists() and not root.is_dir():
             raise FileExistsError(f"{root} exists and is not a directory")
-        root.mkdir(parents=True, exist_ok=True)
-        lock = DatasetLock(root, "LeRobotDatasetWriter (new dataset)")
-        lock.acquire()
-        try:
-            for path in _leftovers_of_a_new_dataset(root):
-                path.unlink()
-        except BaseException:
-            lock.release()
-            raise
-        info = {
-            "codebase_version": CODEBASE_VERSION,
-            "robot_type": robot_type,
-            "total_episodes": 0,
-            "total_frames": 0,
-            "total_tasks": 0,
-            "chunks_size": CHUNKS_SIZE,
-            "data_files_size_in_mb": data_file_size_mb,
-            "video_files_size_in_mb": video_file_size_mb,
-            "fps": fps,
-            "splits": {"train": "0:0"},
-            "data_path": DATA_PATH,
-            "video_path": VIDEO_PATH,
-            "features": {},
-        }
+        lock = _claim_new(root)
+        info = _new_info(robot_type, fps, data_file_size_mb, video_file_size_mb)
         self._start(root, info, video_info, lock, commit_interval_s)
         self._needs_commit = True  # an empty dataset is still written on close
         self._names = {
@@ -213,53 +158,14 @@ class LeRobotDatasetWriter:
         disk. Size limits default to the ones recorded in info.json.
         """
         root = Path(root)
-        if not root.is_dir():
-            raise DatasetError(f"{root}: not a directory (no dataset to append to)")
-        lock = DatasetLock(root, "LeRobotDatasetWriter.open (appending)")
-        lock.acquire()
-        try:
-            meta = _load_metadata(root)
-            _check_settings(root, meta.info, fps, lossless)
-            features = meta.info["features"]
-            stats_totals = _read_episode_stats(root, meta)
-            last_schema = None
-            if meta.episodes:
-                last_data_file = _data_path(meta.episodes[-1])
-                last_schema = _open_parquet(root, last_data_file, INFO_PATH).schema_arrow
-            _delete_leftovers(root, meta)
-        except BaseException:
-            lock.release()
-            raise
-        info = dict(meta.info)
-        info.setdefault("data_files_size_in_mb", DATA_FILE_SIZE_MB)
-        info.setdefault("video_files_size_in_mb", VIDEO_FILE_SIZE_MB)
-        if data_file_size_mb is not None:
-            info["data_files_size_in_mb"] = data_file_size_mb
-        if video_file_size_mb is not None:
-            info["video_files_size_in_mb"] = video_file_size_mb
-        video_keys = _video_keys(features)
-        video_info = _video_info(info["fps"], "libx264", LOSSY_CRF, False, "yuv420p")
-        if video_keys:  # encode like the existing videos
-            video_info.update(features[video_keys[0]].get("info", {}))
+        found = _reopen(root, fps, lossless, data_file_size_mb, video_file_size_mb)
         writer = cls.__new__(cls)
-        writer._start(root, info, video_info, lock, commit_interval_s)
-        # Tasks beyond total_tasks were added by an interrupted commit: no episode uses them.
-        committed_tasks = meta.tasks[: info["total_tasks"]]
-        writer._tasks = {task: index for index, task in enumerate(committed_tasks)}
-        writer._episodes = meta.episodes
-        writer._stats_totals = stats_totals
-        stats_count = _stats_count(meta.stats)
-        writer._needs_commit = (
-            len(meta.tasks) != len(committed_tasks) or stats_count != info["total_frames"]
-        )
-        if last_schema is not None:
-            writer._frame_spec = {
-                name: (np.dtype(np.uint8), tuple(feature["shape"]))
-                if feature["dtype"] == "video"
-                else _arrow_spec(last_schema.field(name).type)
-                for name, feature in features.items()
-                if name not in DEFAULT_FEATURES
-            }
+        writer._start(root, found.info, found.video_info, found.lock, commit_interval_s)
+        writer._tasks = {task: index for index, task in enumerate(found.tasks)}
+        writer._episodes = found.episodes
+        writer._stats_totals = found.stats_totals
+        writer._needs_commit = found.needs_commit
+        writer._frame_spec = found.frame_spec
         return writer
 
     def _start(
@@ -346,7 +252,8 @@ class LeRobotDatasetWriter:
                 f"cannot add episodes to {self.root}: its features {extras} were added after "
                 "writing (add_frame_feature) and trajectories do not carry them"
             )
-        columns = _trajectory_columns(traj)  # validates the trajectory
+        legacy_pad = LEGACY_ACTION_PAD in self._info["features"]  # a dataset written before
+        columns = _trajectory_columns(traj, legacy_pad)  # validates the trajectory
         metadata_json = _check_episode_scalars(traj)
         self._check_columns(columns)
         with defer_interrupts():
@@ -361,35 +268,21 @@ class LeRobotDatasetWriter:
                 self._gaps.append(now - self._last_add)
             self._last_add = now
             if self._commit_due(now):
-                try:
-                    self._commit()
-                except BaseException:
-                    self._fail()
-                    raise
+                self._commit_or_fail()
         return index
 
     def flush(self) -> None:
         """Commit the buffered episodes now (nothing to do when none are buffered)."""
         if self._closed or not self._pending:
             return
-        with defer_interrupts():
-            try:
-                self._commit()
-            except BaseException:
-                self._fail()
-                raise
+        self._commit_or_fail()
 
     def close(self) -> None:
         """Commit the buffered episodes, release the dataset; safe to call twice."""
         if self._closed:
             return
         with defer_interrupts():
-            try:
-                if self._pending or self._needs_commit:
-                    self._commit()
-            except BaseException:
-                self._fail()
-                raise
+            self._commit_or_fail()
             self._closed = True
             self._lock.release()
 
@@ -410,19 +303,24 @@ class LeRobotDatasetWriter:
             lock.acquire()
         try:
             if not self._closed:
-                with defer_interrupts():
-                    try:
-                        if self._pending or self._needs_commit:
-                            self._commit()
-                    except BaseException:
-                        self._fail()
-                        raise
+                self._commit_or_fail()
             self._closed = True
             _add_frame_feature(
                 self.root, _load_metadata(self.root), name, values_per_episode, info, overwrite
             )
         finally:
             lock.release()
+
+    def _commit_or_fail(self) -> None:
+        """Commit the buffered episodes (and metadata an interrupted commit left stale), Ctrl-C
+        held back; on an error drop the buffer, close, and raise."""
+        with defer_interrupts():
+            try:
+                if self._pending or self._needs_commit:
+                    self._commit()
+            except BaseException:
+                self._fail()
+                raise
 
     def _commit_due(self, now: float) -> bool:
         """Whether to commit now: a size limit is reached, or waiting for the next episode (as
@@ -442,15 +340,7 @@ class LeRobotDatasetWriter:
         """Raise ValueError naming the key if an episode does not match the dataset's columns."""
         spec = {c.name: (c.values.dtype, c.values.shape[1:]) for c in columns}
         if self._frame_spec is None:
-            unknown = sorted(set(self._names) - set(spec))
-            if unknown:
-                raise ValueError(f"names given for {unknown}, which the episode does not have")
-            for name, labels in self._names.items():
-                if [len(labels)] != list(spec[name][1][-1:]):
-                    raise ValueError(
-                        f"{len(labels)} names given for {name!r}, whose values have shape "
-                        f"{list(spec[name][1])}"
-                    )
+            _check_value_names(self._names, spec)
             self._frame_spec = spec
             features = self._info["features"]
             for column in columns:
@@ -461,29 +351,7 @@ class LeRobotDatasetWriter:
                     features[column.name]["names"] = self._names[column.name]
             features.update(json.loads(json.dumps(DEFAULT_FEATURES)))
             return
-        features = self._info["features"]
-
-        def describe(name: str, field: str | None) -> str:
-            return f"{field} (feature {name!r})" if field else f"feature {name!r}"
-
-        for name, (dtype, shape) in self._frame_spec.items():
-            field = features[name].get("trajectory_field")
-            if name not in spec:
-                raise ValueError(
-                    f"the trajectory lacks {describe(name, field)}, which the dataset has"
-                )
-            if spec[name] != (dtype, shape):
-                raise ValueError(
-                    f"{describe(name, field)}: the trajectory has dtype {spec[name][0]} and "
-                    f"per-step shape {spec[name][1]} but the dataset has dtype {dtype} and "
-                    f"per-step shape {shape}"
-                )
-        for column in columns:
-            if column.name not in self._frame_spec:
-                raise ValueError(
-                    f"the trajectory has {describe(column.name, column.field)}, which the "
-                    "dataset lacks"
-                )
+        _check_columns_match(self._frame_spec, self._info["features"], columns)
 
     def _buffer(self, traj: Trajectory, columns: Sequence[_Column], metadata_json: str) -> None:
         """Encode the episode's images and keep its data rows, row and stats for the commit.
@@ -496,14 +364,7 @@ class LeRobotDatasetWriter:
         episode_index, first_index = self.num_episodes, self._num_frames
         num_frames = traj.length + 1
         task_index = self._tasks.get(traj.instruction, len(self._tasks))
-        frame_index = np.arange(num_frames, dtype=np.int64)
-        values = {
-            "timestamp": (frame_index / fps).astype(np.float32),
-            "frame_index": frame_index,
-            "episode_index": np.full(num_frames, episode_index, dtype=np.int64),
-            "index": first_index + frame_index,
-            "task_index": np.full(num_frames, task_index, dtype=np.int64),
-        }
+        values = _index_columns(num_frames, fps, episode_index, first_index, task_index)
         values.update({column.name: column.values for column in columns})
         features = self._info["features"]
 
@@ -514,14 +375,10 @@ class LeRobotDatasetWriter:
             "dataset_from_index": first_index,
             "dataset_to_index": first_index + num_frames,
         }
-        data_names = [name for name in features if features[name]["dtype"] != "video"]
+        video_names = _video_keys(features)
+        data_names = [name for name in features if name not in video_names]
         table = pa.table({name: _to_arrow(values[name]) for name in data_names})
-        stats = {
-            name: _episode_stats(
-                _real_steps(name, values[name]), features[name]["dtype"] == "video"
-            )
-            for name in features
-        }
+        stats = {name: _episode_stats(values[name], name in video_names) for name in features}
         for name in _video_keys(features):
             if name not in self._encoders:
                 self._encoders[name] = self._open_encoder(name, values[name].shape[1:])
@@ -627,107 +484,3 @@ class LeRobotDatasetWriter:
         self._pending_since = None
         self._closed = True
         self._lock.release()
-
-
-def _check_settings(
-    root: Path, info: Mapping[str, Any], fps: int | None, lossless: bool | None
-) -> None:
-    """Refuse to append with another frame rate or video encoding than the dataset's."""
-    if fps is not None and fps != info["fps"]:
-        raise ValueError(
-            f"fps: the dataset at {root} is recorded at {info['fps']} fps but this run asks for "
-            f"{fps} (one dataset has one frame rate)"
-        )
-    video_keys = _video_keys(info["features"])
-    if lossless is not None and video_keys:
-        video_info = info["features"][video_keys[0]].get("info", {})
-        theirs = bool(video_info.get("video.lossless", False))
-        if theirs != bool(lossless):
-            raise ValueError(
-                f"lossless: the dataset at {root} stores {'lossless' if theirs else 'lossy'} "
-                f"videos (lossless={str(theirs).lower()}) but this run asks for "
-                f"lossless={str(bool(lossless)).lower()}"
-            )
-
-
-# What a writer leaves in a dataset directory before its first commit (info.json is written last).
-_LEFTOVER_PATTERNS = (
-    r"(meta|data|videos)/(.*/)?\.[^/]*\.tmp",
-    r"data/chunk-\d+/file-\d+\.parquet",
-    r"meta/episodes/chunk-\d+/file-\d+\.parquet",
-    r"meta/(tasks\.parquet|stats\.json)",
-    r"videos/[^/]+/chunk-\d+/file-\d+\.mp4",
-)
-
-
-def _leftovers_of_a_new_dataset(root: Path) -> list[Path]:
-    """Files a writer killed before its first commit left in ``root`` (to delete); raise
-    FileExistsError if ``root`` holds a dataset or anything else."""
-    if (root / INFO_PATH).exists():
-        raise FileExistsError(
-            f"{root} holds a dataset already; use LeRobotDatasetWriter.open(root) to append to it"
-        )
-    leftovers = []
-    for path in sorted(root.rglob("*")):
-        relative = path.relative_to(root).as_posix()
-        if path.is_dir() or relative == LOCK_NAME:
-            continue
-        if not any(re.fullmatch(pattern, relative) for pattern in _LEFTOVER_PATTERNS):
-            raise FileExistsError(
-                f"{root} exists and is not an empty directory ({relative} is not part of a "
-                "dataset); use LeRobotDatasetWriter.open(root) to append to a dataset"
-            )
-        leftovers.append(path)
-    return leftovers
-
-
-def _delete_leftovers(root: Path, meta: _Metadata) -> None:
-    """Delete what an interrupted writer left: temporary files, uncommitted episodes files, and
-    data and video files after the last one that committed episodes use (nothing else)."""
-    doomed = [root / relative for relative in meta.uncommitted_files]
-    for directory in ("meta", "data", "videos"):
-        doomed += [p for p in (root / directory).rglob(".*.tmp") if p.is_file()]
-    used = {_location_of(root / _data_path(row)) for row in meta.episodes}
-    doomed += _files_after(root / "data", ".parquet", max(used, default=None))
-    for key in _video_keys(meta.info["features"]):
-        used = {_location_of(root / _video_path(row, key)) for row in meta.episodes}
-        doomed += _files_after(root / "videos" / key, ".mp4", max(used, default=None))
-    for path in doomed:
-        path.unlink(missing_ok=True)
-
-
-def _location_of(path: Path) -> tuple[int, int]:
-    """(chunk, file) of ``.../chunk-XXX/file-YYY.ext``."""
-    return int(path.parent.name.split("-")[1]), int(path.stem.split("-")[1])
-
-
-def _files_after(directory: Path, suffix: str, last: tuple[int, int] | None) -> list[Path]:
-    """The ``chunk-XXX/file-YYY<suffix>`` files under ``directory`` after location ``last``."""
-    found = []
-    for path in directory.glob(f"chunk-*/file-*{suffix}"):
-        numbered = re.fullmatch(r"chunk-\d+", path.parent.name) and re.fullmatch(
-            r"file-\d+" + re.escape(suffix), path.name
-        )
-        if numbered and (last is None or _location_of(path) > last):
-            found.append(path)
-    return found
-
-
-def _read_episode_stats(root: Path, meta: _Metadata) -> _StatsTotals:
-    """Totals of the per-episode stats of the committed episodes (``stats/...`` columns)."""
-    features = meta.info["features"]
-    stats: dict[int, dict[str, dict[str, np.ndarray]]] = {}
-    for relative in meta.episode_files:
-        for row in _read_table(root, relative, INFO_PATH).to_pylist():
-            try:
-                stats[row["episode_index"]] = _stats_from_row(row, features)
-            except (KeyError, TypeError, ValueError) as error:
-                raise DatasetError(
-                    f"{relative}: the per-episode statistics of episode {row['episode_index']} "
-                    f"are missing or malformed ({type(error).__name__}: {error}); appending "
-                    "needs them"
-                ) from None
-    totals = _StatsTotals()
-    for index in range(len(meta.episodes)):
-        totals.add(stats[index])
-    return totals

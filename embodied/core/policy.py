@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,16 +33,23 @@ from embodied.core.pretrained import (
 from embodied.core.sampling import Generators
 
 POLICIES: dict[str, type[Policy]] = {}
+# Directories saved in another library's layout: policy type -> a test of their config.json
+# (which has no ``policy_type``), e.g. LeRobot's (``embodied.policies.lerobot``).
+FOREIGN_FORMATS: dict[str, Callable[[dict[str, Any]], bool]] = {}
 
 
-def register_policy(name: str):
-    """Class decorator: make a policy type loadable by name (``config.json``'s ``policy_type``)."""
+def register_policy(name: str, recognizes: Callable[[dict[str, Any]], bool] | None = None):
+    """Class decorator: make a policy type loadable by name (``config.json``'s ``policy_type``);
+    ``recognizes`` also claims saved directories whose config.json has no ``policy_type`` (the
+    class then overrides ``load_saved`` to read them)."""
 
     def register(cls: type[Policy]) -> type[Policy]:
         if name in POLICIES:
             raise ValueError(f"policy type {name!r} is already registered by {POLICIES[name]}")
         cls.policy_type = name
         POLICIES[name] = cls
+        if recognizes is not None:
+            FOREIGN_FORMATS[name] = recognizes
         return cls
 
     return register
@@ -177,6 +184,8 @@ class Policy(nn.Module, abc.ABC):
         directory = Path(directory)
         config, weights = read_pretrained(directory, "policy")
         policy_type = config.pop("policy_type", None)
+        if policy_type is None:
+            policy_type = next((n for n, test in FOREIGN_FORMATS.items() if test(config)), None)
         if policy_type not in POLICIES:
             raise ValueError(
                 f"{directory / CONFIG_NAME}: unknown policy_type {policy_type!r}; "
@@ -185,9 +194,16 @@ class Policy(nn.Module, abc.ABC):
         policy_cls = POLICIES[policy_type]
         if cls is not Policy and not issubclass(policy_cls, cls):
             raise ValueError(f"{directory} holds a {policy_type!r} policy, not a {cls.__name__}")
-        policy = policy_cls(config_from_dict(policy_cls.config_class, config, directory))
+        return policy_cls.load_saved(directory, config, weights).to(device)
+
+    @classmethod
+    def load_saved(cls, directory: Path, config: dict[str, Any], weights: Path) -> Policy:
+        """The policy saved in ``directory`` from its config.json values (``policy_type``
+        removed) and weights file; classes whose ``save_pretrained`` writes another layout
+        override this to read it."""
+        policy = cls(config_from_dict(cls.config_class, config, directory))
         load_weights(policy, weights)
-        return policy.to(device)
+        return policy
 
 
 def make_policy(policy_type: str, config: Any = None, **overrides: Any) -> Policy:

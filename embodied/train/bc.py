@@ -67,8 +67,10 @@ def build_policy(cfg: BCConfig, dataset: LeRobotDataset) -> Policy:
         dataset.features, dataset.tasks, horizon=cfg.horizon, **overrides
     )
     policy = cls(config)
-    keys = [k for k in ("observation.state", "observation.environment_state", "action")
-            if k in dataset.stats]  # fmt: skip
+    # Cameras too: a policy may normalise images by their statistics (LeRobot's do).
+    wanted = ("observation.state", "observation.environment_state", "action",
+              *policy.observation_spec.cameras)  # fmt: skip
+    keys = [k for k in wanted if k in dataset.stats]
     policy.fit_normalizers(normalization_stats(dataset, keys))
     return policy
 
@@ -93,7 +95,12 @@ def train_bc(cfg: BCConfig) -> RunDir:
     """Train, evaluate, checkpoint; return the run directory (final policy in ``policy/``)."""
     device = begin(cfg)
     dataset = LeRobotDataset(cfg.dataset)
-    task = cfg.eval_task or dataset.episodes_table()[0]["task_name"]
+    task = cfg.eval_task or dataset.episodes_table()[0].get("task_name")
+    if not task and cfg.eval_episodes > 0:
+        raise ValueError(
+            f"{cfg.dataset}: its episodes do not name the task they were recorded on (no "
+            "'task_name' column: a dataset LeRobot wrote); set eval_task=TASK or eval_episodes=0"
+        )
     policy = build_policy(cfg, dataset).to(device)
     spec = policy.observation_spec
     windows = BCDataset(dataset, spec.n_obs_steps, policy.bc_horizon, keys=policy.training_keys())

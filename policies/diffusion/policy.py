@@ -50,12 +50,13 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from embodied.core.features import ENV_STATE_KEY, STATE_KEY, ActionSpec, ObservationSpec
+from embodied.core.features import ENV_STATE_KEY, STATE_KEY, ObservationSpec
 from embodied.core.nn import Normalizer, build_vocab
 from embodied.core.policy import ActionOutput, register_policy
 from embodied.core.sampling import Generators, randn
 from embodied.policies.augment import PlanarAugment
 from embodied.policies.base import (
+    ChunkedPolicy,
     NormalizedPolicy,
     config_observation_spec,
     dataset_cameras,
@@ -93,7 +94,7 @@ class DiffusionNet(ObservationEncoder):
 
 
 @register_policy("diffusion")
-class DiffusionPolicy(NormalizedPolicy):
+class DiffusionPolicy(ChunkedPolicy, NormalizedPolicy):
     """Diffusion Policy (DDPM training, DDIM sampling) with DPPO log-probabilities."""
 
     config_class = DiffusionConfig
@@ -211,16 +212,6 @@ class DiffusionPolicy(NormalizedPolicy):
     def observation_spec(self) -> ObservationSpec:
         """Cameras, ``observation.state`` and (when configured) the environment state."""
         return config_observation_spec(self.config)
-
-    @property
-    def bc_horizon(self) -> int:
-        """The predicted chunk: ``horizon`` actions."""
-        return self.config.horizon
-
-    @property
-    def action_spec(self) -> ActionSpec:
-        """``n_action_steps`` actions per decision."""
-        return ActionSpec(self.config.action_dim, self.config.n_action_steps)
 
     # --- EMA ----------------------------------------------------------------------------------
     @torch.no_grad()

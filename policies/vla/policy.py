@@ -62,13 +62,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodied.core.features import ENV_STATE_KEY, STATE_KEY, ActionSpec, ObservationSpec
+from embodied.core.features import ENV_STATE_KEY, STATE_KEY, ObservationSpec
 from embodied.core.nn import Normalizer, ObjectTokens, build_vocab, mean_embedding, tokenize_words
-from embodied.core.policy import ActionOutput, Policy, register_policy
+from embodied.core.policy import ActionOutput, register_policy
 from embodied.core.sampling import Generators, multinomial
 from embodied.policies.base import (
     ACTION_HIGH,
     ACTION_LOW,
+    ChunkedPolicy,
     check_instructions,
     config_observation_spec,
     dataset_cameras,
@@ -83,7 +84,7 @@ from embodied.policies.vla.config import VLAConfig
 
 
 @register_policy("vla")
-class VLAPolicy(Policy):
+class VLAPolicy(ChunkedPolicy):
     """Image-text-to-text backbone + OpenVLA action tokens, with proprio tokens and chunking."""
 
     config_class = VLAConfig
@@ -216,16 +217,6 @@ class VLAPolicy(Policy):
             reads_state=self.state_normalizer is not None,
             reads_env_state=self.env_state_normalizer is not None,
         )
-
-    @property
-    def bc_horizon(self) -> int:
-        """``horizon`` actions per window."""
-        return self.config.horizon
-
-    @property
-    def action_spec(self) -> ActionSpec:
-        """``n_action_steps`` decoded actions per decision."""
-        return ActionSpec(self.config.action_dim, self.config.n_action_steps)
 
     # --- the action tokenizer ------------------------------------------------------------------
     @property
