@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 
 import pytest
 
@@ -110,3 +111,13 @@ def judge_dir(tmp_path_factory: pytest.TempPathFactory):
     model.save_pretrained(path)
     processor.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def ctrl_c_handled():
+    """Python's own Ctrl-C handler for the test, as in a terminal's foreground process. A shell
+    starts background jobs with SIGINT ignored, and Python keeps it so: a test of what Ctrl-C
+    does would then see nothing happen."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -48,7 +48,8 @@ OPTIONS += ["--rewind", "0.2", "image_size=16", "lossless=true"]  # lossless: bi
 
 # `embodied collect` with a log of when each rollout finished (before it reaches the writer).
 RUNNER = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's, not a background job's
 log = open(sys.argv[1], "a", buffering=1)
 import embodied.rollout.episodes as episodes
 from embodied.apps.cli import main

@@ -131,6 +131,7 @@ def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("ctrl_c_handled")
 def test_ctrl_c_during_add_episode_keeps_the_episode(tmp_path: Path, monkeypatch) -> None:
     """SIGINT while an episode's frames are encoded (or while a commit writes files) is raised
     once that is done: the episode is in, and closing commits it."""
