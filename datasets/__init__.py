@@ -1,21 +1,6 @@
 """Datasets: LeRobot v3 trajectory datasets and PyTorch views of them. Imports only the core."""
 
-from embodied.datasets.lerobot import (
-    CODEBASE_VERSION,
-    DatasetBusyError,
-    DatasetError,
-    LeRobotDataset,
-    LeRobotDatasetWriter,
-    dataset_summary,
-    validate_dataset,
-)
+from embodied.datasets import lerobot
+from embodied.datasets.lerobot import *  # noqa: F403 (the public names of the LeRobot format)
 
-__all__ = [
-    "CODEBASE_VERSION",
-    "DatasetBusyError",
-    "DatasetError",
-    "LeRobotDataset",
-    "LeRobotDatasetWriter",
-    "dataset_summary",
-    "validate_dataset",
-]
+__all__ = list(lerobot.__all__)

@@ -132,14 +132,7 @@ class Trajectory:
                 expected = "float" if kind == "f" else "bool"
                 raise ValueError(f"Trajectory.{name} must be {expected}, got dtype {value.dtype}")
 
-        if not isinstance(self.info, Mapping):
-            raise ValueError(f"Trajectory.info must be a dict of arrays, got {type(self.info)}")
-        for path, value in _validate_tree("info", self.info).items():
-            if value.shape[0] != steps:
-                raise ValueError(
-                    f"Trajectory.actions has {steps} steps but {leaf_name('info', path)} "
-                    f"has {value.shape[0]} entries (expected T = {steps})"
-                )
+        _validate_entries("info", self.info, f"actions has {steps} steps", "T", steps)
 
         self._validate_decisions(steps)
 
@@ -161,16 +154,9 @@ class Trajectory:
                 f"{decision_steps.dtype} with shape {decision_steps.shape}"
             )
         num = len(decision_steps)
-        if not isinstance(self.policy_outputs, Mapping):
-            kind = type(self.policy_outputs).__name__
-            raise ValueError(f"Trajectory.policy_outputs must be a dict of arrays, got {kind}")
-        for path, value in _validate_tree("policy_outputs", self.policy_outputs).items():
-            if value.shape[0] != num:
-                raise ValueError(
-                    f"Trajectory.decision_steps has {num} decisions but "
-                    f"{leaf_name('policy_outputs', path)} has {value.shape[0]} entries "
-                    f"(expected K = {num})"
-                )
+        _validate_entries(
+            "policy_outputs", self.policy_outputs, f"decision_steps has {num} decisions", "K", num
+        )
         for k in range(num):
             step = int(decision_steps[k])
             if not 0 <= step < steps:
@@ -308,6 +294,19 @@ def _validate_array(name: str, value: Any) -> None:
     """Raise ValueError unless value is a numpy array."""
     if not isinstance(value, np.ndarray):
         raise ValueError(f"Trajectory.{name} must be a numpy array, got {type(value).__name__}")
+
+
+def _validate_entries(name: str, tree: Any, has: str, symbol: str, length: int) -> None:
+    """Check that ``tree`` (a Trajectory field) is a dict of arrays with ``length`` leading
+    entries, ``symbol`` (T or K) as the other field it must match says (``has``)."""
+    if not isinstance(tree, Mapping):
+        raise ValueError(f"Trajectory.{name} must be a dict of arrays, got {type(tree).__name__}")
+    for path, value in _validate_tree(name, tree).items():
+        if value.shape[0] != length:
+            raise ValueError(
+                f"Trajectory.{has} but {leaf_name(name, path)} has {value.shape[0]} entries "
+                f"(expected {symbol} = {length})"
+            )
 
 
 def _validate_tree(field_name: str, tree: Mapping[str, Any]) -> dict[tuple[str, ...], np.ndarray]:
