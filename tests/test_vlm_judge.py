@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import tiny_llava
+from tiny_vlm import tiny_llava
 
 from embodied.rewards.judge_prompt import (
     JudgeResult,
