@@ -67,7 +67,8 @@ test-fast: install
 
 test-mujoco-latest: $(LATEST)/.installed
 	$(LATEST)/bin/python -c "import mujoco; print('newest-MuJoCo check on mujoco', mujoco.__version__)"
-	$(call pytest,$(LATEST),tests/test_tabletop.py tests/test_sims_tasks.py tests/test_cli.py \
+	$(call pytest,$(LATEST),tests/test_tabletop.py tests/test_tabletop_experts.py \
+		tests/test_tabletop_errors.py tests/test_sims_tasks.py tests/test_cli.py \
 		tests/test_trajectory.py tests/test_collect.py tests/test_labels.py)
 
 # The interop tests (tests/lerobot) in the LeRobot environment; loudly skipped without Python 3.12.

@@ -31,6 +31,17 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def state_env(request):
+    """A state-mode env of the task named by ``request.param`` (PickPlace by default): the tabletop
+    tests (test_tabletop*.py) share it."""
+    import embodied.sims as sims
+
+    env = sims.make(getattr(request, "param", "PickPlace"), obs_mode="state")
+    yield env
+    env.close()
+
+
 @pytest.fixture(scope="session")
 def judge_dir(tmp_path_factory: pytest.TempPathFactory):
     """A saved tiny Llava with its processor: a local judge directory."""

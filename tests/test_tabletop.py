@@ -1,24 +1,22 @@
 """Tests for the built-in MuJoCo tabletop suite (embodied.sims): Gymnasium conformance, seeding,
-scripted experts, instructions, stages, collisions, observations, input validation, vector envs."""
+info and observations, vector envs. Scripted experts, instructions, stages and collisions are in
+test_tabletop_experts.py; bad input and physics blow-ups in test_tabletop_errors.py."""
 
 from __future__ import annotations
 
 import itertools
-import re
 import warnings
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import check_env
 
 import embodied.sims as sims
 from embodied.sims.tasks.reach import Reach
 
 TASKS = sims.list_tasks()
-MULTI_GOAL_TASKS = [t for t in TASKS if t != "DrawerOpen"]
 INFO_KEYS = (
     "success",
     "stage",
@@ -43,12 +41,6 @@ def run_until_done(env: gym.Env, policy, obs: Any) -> list[dict[str, Any]]:
             return infos
 
 
-def expert_episode(env: gym.Env, reset_seed: int, **expert_kwargs: Any) -> list[dict[str, Any]]:
-    """Reset to ``reset_seed`` and run the scripted expert; return reset info + step infos."""
-    obs, info = env.reset(seed=reset_seed)
-    return [info, *run_until_done(env, sims.make_expert(env, **expert_kwargs), obs)]
-
-
 def assert_same(a: Any, b: Any, where: str = "") -> None:
     """Exact equality of nested dicts / arrays / scalars."""
     if isinstance(a, dict):
@@ -63,19 +55,6 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
         assert np.array_equal(a, b), where
     else:
         assert a == b, where
-
-
-def collapse(seq: list[int]) -> list[int]:
-    """Drop consecutive repeats: [0, 0, 1, 1, 2] -> [0, 1, 2]."""
-    return [k for k, _ in itertools.groupby(seq)]
-
-
-@pytest.fixture
-def state_env(request):
-    """A state-mode env of the task named by ``request.param`` (PickPlace by default)."""
-    env = sims.make(getattr(request, "param", "PickPlace"), obs_mode="state")
-    yield env
-    env.close()
 
 
 # --- 1. Gymnasium conformance ---------------------------------------------------------------------
@@ -181,132 +160,7 @@ def test_different_seeds_give_different_images():
     assert not np.array_equal(a, b)
 
 
-# --- 3. Scripted experts --------------------------------------------------------------------------
-@pytest.mark.parametrize("state_env", TASKS, indirect=True)
-def test_expert_solves_task(state_env):
-    successes = [expert_episode(state_env, seed)[-1]["success"] for seed in range(20)]
-    assert sum(successes) >= 19, successes
-
-
-@pytest.mark.parametrize("state_env", TASKS, indirect=True)
-def test_noisy_expert_mostly_succeeds_and_differs(state_env):
-    successes = [
-        expert_episode(state_env, seed, noise=0.1, seed=seed)[-1]["success"] for seed in range(20)
-    ]
-    assert sum(successes) >= 15, successes
-
-    obs, _ = state_env.reset(seed=0)
-    clean = sims.make_expert(state_env)
-    noisy = sims.make_expert(state_env, noise=0.1, seed=0)
-    twin = sims.make_expert(state_env, noise=0.1, seed=0)
-    differences = []
-    for _ in range(10):
-        a_clean, a_noisy = clean(obs), noisy(obs)
-        assert state_env.action_space.contains(a_noisy)
-        np.testing.assert_array_equal(a_noisy, twin(obs))  # seeded noise is reproducible
-        differences.append(np.abs(a_noisy - a_clean).max())
-        obs = state_env.step(a_noisy)[0]
-    # Saturated components can clip back to the clean action, but not on most steps.
-    assert sum(d > 1e-3 for d in differences) >= 7, differences
-
-
-# --- 4. The instruction matters -------------------------------------------------------------------
-@pytest.mark.parametrize("state_env", MULTI_GOAL_TASKS, indirect=True)
-def test_expert_following_another_instruction_does_not_succeed(state_env):
-    env = state_env.unwrapped
-    for seed in range(3):
-        obs, _ = state_env.reset(seed=seed)
-        goal = env.goal
-        alternative = env.task.alternative_goals(goal)[0]
-        assert alternative != goal
-        infos = run_until_done(state_env, sims.make_expert(state_env, goal=alternative), obs)
-        assert infos[-1]["success"] is False, (seed, goal, alternative)
-        assert env.task.evaluate(env.scene, alternative).success, (seed, goal, alternative)
-        assert not env.task.evaluate(env.scene, goal).success
-
-
-def test_drawer_open_has_a_single_goal():
-    task = sims.make("DrawerOpen", obs_mode="state").unwrapped.task
-    assert task.all_goals() == [{}]
-    assert task.alternative_goals({}) == []
-
-
-@pytest.mark.parametrize("state_env", TASKS, indirect=True)
-def test_instruction_names_the_goal(state_env):
-    env = state_env.unwrapped
-    for goal in env.task.all_goals():
-        _, info = state_env.reset(seed=0, options={"goal": goal})
-        assert env.goal == goal
-        assert info["instruction"] == env.instruction != ""
-        words = env.instruction.split()
-        for color in goal.values():
-            assert color in words, (env.instruction, goal)
-        if env.task.name == "Stack":  # moved block named before the base block
-            assert words.index(goal["block"]) < words.index(goal["base"])
-    if env.task.name == "DrawerOpen":
-        assert "drawer" in env.instruction
-
-
-# --- 5. Stages ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("state_env", ["PickPlace"], indirect=True)
-def test_pick_place_stages(state_env):
-    stages = state_env.unwrapped.task.stages
-    assert len(stages) == 5
-    for seed in range(3):
-        infos = expert_episode(state_env, seed)
-        for info in infos:
-            assert info["stage_name"] == stages[info["stage"]]
-        sequence = [info["stage"] for info in infos]
-        assert sequence[0] == 0
-        assert max(sequence) == len(stages) - 1
-        # A clean expert episode goes through every subtask in order, never back.
-        assert collapse(sequence) == [0, 1, 2, 3, 4], collapse(sequence)
-        assert infos[-1]["success"] and infos[-1]["stage"] == 4
-
-
-@pytest.mark.parametrize("state_env", ["DrawerOpen"], indirect=True)
-def test_drawer_open_stages(state_env):
-    stages = state_env.unwrapped.task.stages
-    for seed in range(3):
-        infos = expert_episode(state_env, seed)
-        assert all(info["stage_name"] == stages[info["stage"]] for info in infos)
-        assert collapse([info["stage"] for info in infos]) == [0, 1, 2]
-        assert infos[-1]["success"]
-
-
-@pytest.mark.parametrize("state_env", ["DrawerOpen"], indirect=True)
-def test_a_half_open_drawer_stays_pulled_after_the_hand_lets_go(state_env):
-    env = state_env.unwrapped
-    obs, _ = state_env.reset(seed=0)
-    expert = sims.make_expert(state_env)
-    while env.scene.drawer_opening() < 0.05:  # pull it half way with the expert
-        obs, _, _, _, info = state_env.step(expert(obs))
-    up = np.array([0.0, 0.0, 1.0, 1.0], dtype=np.float32)
-    for _ in range(5):  # then lift the hand off the handle
-        obs, _, _, _, info = state_env.step(up)
-    assert env.scene.drawer_opening() > 0.02 and not info["success"]
-    assert info["stage"] == 2 and info["stage_name"] == "pull"
-
-
-# --- 6. Collisions --------------------------------------------------------------------------------
-@pytest.mark.parametrize("state_env", ["PickPlace"], indirect=True)
-def test_touching_the_wrong_block_counts_as_collision(state_env):
-    env = state_env.unwrapped
-    correct_total = 0
-    for seed in range(5):
-        correct = expert_episode(state_env, seed)
-        correct_total += sum(info["collisions"] for info in correct)
-        assert correct[-1]["success"]
-
-        obs, _ = state_env.reset(seed=seed)
-        goal = env.goal
-        wrong = next(g for g in env.task.alternative_goals(goal) if g["block"] != goal["block"])
-        infos = run_until_done(state_env, sims.make_expert(state_env, goal=wrong), obs)
-        assert sum(info["collisions"] for info in infos) > 0, seed
-    assert correct_total <= 5
-
-
-# --- 7. Info and observations ---------------------------------------------------------------------
+# --- 3. Info and observations ---------------------------------------------------------------------
 @pytest.mark.parametrize("state_env", TASKS, indirect=True)
 def test_info_keys_every_step(state_env):
     env = state_env.unwrapped
@@ -402,140 +256,7 @@ def test_fast_render_false_builds_and_renders():
         fast.close()
 
 
-# --- 8. Bad input ---------------------------------------------------------------------------------
-def test_unknown_task_lists_available_tasks():
-    with pytest.raises(ValueError, match="unknown task") as excinfo:
-        sims.make("OpenTheFridge")
-    for task in TASKS:
-        assert task in str(excinfo.value)
-
-
-def test_invalid_env_kwargs_are_rejected():
-    with pytest.raises(ValueError, match="obs_mode"):
-        sims.make("Reach", obs_mode="depth")
-    with pytest.raises(ValueError, match="cameras"):
-        sims.make("Reach", cameras=("top",))
-
-
-@pytest.mark.parametrize(
-    "image_size", [0, 4, 5000, -96, 32.0, True, "96", (32,), (32, 0), (32, 32, 3)]
-)
-def test_impossible_image_size_is_rejected(image_size):
-    with pytest.raises(ValueError, match=r"image_size must be .* in \[8, 4096\] pixels, got"):
-        sims.make("Reach", image_size=image_size)
-
-
-def test_image_size_accepts_an_int_or_a_pair():
-    for image_size, shape in [(8, (8, 8)), (np.int64(24), (24, 24)), ([16, 24], (16, 24))]:
-        env = sims.make("Reach", image_size=image_size)
-        assert env.observation_space["pixels"].shape == (*shape, 3)
-        env.close()
-
-
-@pytest.mark.parametrize(
-    ("cameras", "problem"),
-    [
-        ("front", r"a list of names is needed \(one camera: \['front'\]\)"),
-        (("front", "front"), r"repeated: \['front'\]"),
-        (("front", "top"), r"unknown: \['top'\]"),
-        ((), "no camera given"),
-    ],
-)
-def test_bad_cameras_are_rejected(cameras, problem):
-    with pytest.raises(ValueError, match=r"cameras must be .* from \['front', 'wrist'\]") as error:
-        sims.make("Reach", cameras=cameras)
-    assert re.search(problem, str(error.value))
-
-
-def test_step_before_reset_or_after_the_end_needs_a_reset():
-    env = sims.make("Reach", obs_mode="state")
-    try:
-        with pytest.raises(ResetNeeded, match=r"before calling env\.reset\(\)"):
-            env.unwrapped.step(np.zeros(4, dtype=np.float32))  # past the OrderEnforcing wrapper
-        obs, _ = env.reset(seed=0)
-        infos = run_until_done(env, sims.make_expert(env), obs)
-        assert infos[-1]["success"]
-        for stepper in (env, env.unwrapped):
-            with pytest.raises(ResetNeeded, match=r"after the episode ended \(terminated=True\)"):
-                stepper.step(np.zeros(4, dtype=np.float32))
-        env.reset(seed=1)
-        env.step(np.zeros(4, dtype=np.float32))
-    finally:
-        env.close()
-
-
-def test_step_after_a_blow_up_needs_a_reset(state_env, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # MuJoCo appends its warning to ./MUJOCO_LOG.TXT
-    state_env.reset(seed=0)
-    state_env.unwrapped.data.qvel[:] = 1e12
-    assert state_env.step(np.zeros(4, dtype=np.float32))[3]
-    with pytest.raises(ResetNeeded, match=r"truncated=True"):
-        state_env.step(np.zeros(4, dtype=np.float32))
-
-
-def test_wrong_action_shape_is_rejected(state_env):
-    state_env.reset(seed=0)
-    with pytest.raises(ValueError, match=r"\(3,\)"):
-        state_env.step(np.zeros(3, dtype=np.float32))
-
-
-def test_non_finite_action_is_rejected(state_env):
-    state_env.reset(seed=0)
-    with pytest.raises(ValueError, match="non-finite"):
-        state_env.step(np.array([0.0, np.nan, 0.0, 0.0], dtype=np.float32))
-
-
-def test_goal_of_another_task_is_rejected(state_env):
-    with pytest.raises(ValueError, match="not a goal of PickPlace"):
-        state_env.reset(seed=0, options={"goal": {"button": "red"}})
-    with pytest.raises(ValueError, match="not a goal"):
-        state_env.reset(seed=0, options={"goal": {"block": "green", "plate": "purple"}})
-
-
-@pytest.mark.parametrize("bad_value", [1e12, np.nan])
-@pytest.mark.parametrize("steps_before", [0, 3])
-def test_physics_blow_up_truncates_with_error(
-    state_env, bad_value, steps_before, tmp_path, monkeypatch
-):
-    monkeypatch.chdir(tmp_path)  # MuJoCo appends its warning to ./MUJOCO_LOG.TXT
-    state_env.reset(seed=0)
-    for _ in range(steps_before):
-        state_env.step(np.zeros(4, dtype=np.float32))
-    state_env.unwrapped.data.qvel[:] = bad_value
-    obs, reward, terminated, truncated, info = state_env.step(np.zeros(4, dtype=np.float32))
-    assert truncated and not terminated
-    assert "error" in info and "instability" in info["error"]
-    assert info["success"] is False and reward == 0.0
-    assert np.isfinite(obs["agent_pos"]).all() and np.isfinite(obs["environment_state"]).all()
-    # The env is usable again after a reset.
-    state_env.reset(seed=0)
-    info = state_env.step(np.zeros(4, dtype=np.float32))[4]
-    assert "error" not in info
-
-
-def test_physics_blow_up_in_one_vector_env_spares_the_other(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # MuJoCo appends its warning to ./MUJOCO_LOG.TXT
-    vec = sims.make_vec_env("PickPlace", 2, obs_mode="state")
-    try:
-        vec.reset(seed=[0, 1])
-        vec.envs[0].unwrapped.data.qvel[:] = 1e12
-        obs, _, terminated, truncated, infos = vec.step(np.zeros((2, 4), dtype=np.float32))
-        assert truncated.tolist() == [True, False] and not terminated.any()
-        assert infos["_error"].tolist() == [True, False]
-        assert "instability" in infos["error"][0]
-        positions = [obs["agent_pos"][1].copy()]
-        actions = np.tile(np.array([1.0, 1.0, 0.0, 0.0], dtype=np.float32), (2, 1))
-        for _ in range(5):
-            obs, _, terminated, truncated, infos = vec.step(actions)
-            assert not truncated.any() and not terminated.any()
-            assert "error" not in infos
-            positions.append(obs["agent_pos"][1].copy())
-        assert positions[-1][0] > positions[0][0] + 0.03  # env 1 kept moving
-    finally:
-        vec.close()
-
-
-# --- 9. Vector envs -------------------------------------------------------------------------------
+# --- 4. Vector envs -------------------------------------------------------------------------------
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_vector_env_refuses_a_wrong_number_of_actions(asynchronous):
     vec = sims.make_vec_env("Reach", 2, asynchronous=asynchronous, obs_mode="state")
