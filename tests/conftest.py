@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import os
 import signal
 
 import pytest
 from tiny_vlm import tiny_llava
 
+
+def _installed(distribution: str) -> bool:
+    """Whether a distribution is installed (``find_spec`` would also find tests/lerobot, a
+    namespace package once tests/ is on sys.path)."""
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 # tests/lerobot needs LeRobot, which needs Python >= 3.12 and its own torch: `make test-lerobot`
 # runs it in an environment of its own. Elsewhere (the main suite) it is not collected.
-collect_ignore = [] if importlib.util.find_spec("lerobot") else ["lerobot"]
+collect_ignore = [] if _installed("lerobot") else ["lerobot"]
 
 # Headless offscreen rendering: MuJoCo reads MUJOCO_GL when it is first imported, so this must run
 # before any test module imports mujoco (a user's explicit choice wins).
