@@ -1,6 +1,6 @@
 """Corrupted datasets: every damage to parquet, mp4, info.json, stats or the episodes metadata is
-one error naming the file, from ``validate`` (exit 1), the reader, ``label`` and ``dataset info``;
-never a traceback, never silently different data."""
+one error naming the file, from ``validate`` (exit 1), the reader, ``label``, ``train bc`` and
+``dataset info``; never a traceback, never silently different data."""
 
 from __future__ import annotations
 
@@ -23,6 +23,11 @@ from embodied.datasets import DatasetError, LeRobotDataset, validate_dataset
 DATA = "data/chunk-000/file-000.parquet"
 EPISODES = "meta/episodes/chunk-000/file-000.parquet"
 VIDEO = "videos/observation.image/chunk-000/file-000.mp4"
+# The camera planner's recipe at toy size, reading the dataset's one camera.
+PIXELS = Path(__file__).parents[1] / "configs" / "bc_pixels.yaml"
+TINY_PIXELS = ["steps=1", "batch_size=2", "device=cpu",
+               "policy_overrides.image_keys=[observation.image]",
+               "policy_overrides.vision_channels=[8]"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -321,6 +326,13 @@ def test_corruption_is_one_error_naming_the_file(
     # Labelling reads every episode: one line, exit 2 (the CLI's status for an expected error).
     assert main(["label", str(root)]) == 2
     assert re.search(message[1:], one_line(capsys.readouterr().err))
+    # Training the camera planner reads the frames and the stats: one line naming the file,
+    # exit 2, and no run directory.
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    assert main(["train", "bc", str(PIXELS), f"dataset={root}", f"out={runs}", *TINY_PIXELS]) == 2
+    assert re.search(message[1:], one_line(capsys.readouterr().err))
+    assert not any(runs.iterdir())
     # `dataset info` reads the metadata only: it fails the same way, or (damage inside frame
     # data, which only decoding finds) succeeds.
     code = main(["dataset", "info", str(root)])

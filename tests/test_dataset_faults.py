@@ -5,7 +5,9 @@ appends again.
 The default run kills a few collections; the full sweep is a matter of numbers::
 
     EMBODIED_FAULT_KILLS=40 EMBODIED_FAULT_CHAIN=2 EMBODIED_FAULT_INTERRUPTS=12 \\
-        EMBODIED_FAULT_EPISODES=400 pytest tests/test_dataset_faults.py -s
+        EMBODIED_FAULT_EPISODES=400 pytest -m "" tests/test_dataset_faults.py -s
+
+(``-m ""``: the fault tests are marked slow, which a plain ``pytest`` leaves out.)
 
 Kills come in chains (``EMBODIED_FAULT_CHAIN``, default 3): the first into a new dataset, the
 others into the dataset it left; then the same command runs to the end. Each kill prints one

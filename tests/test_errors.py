@@ -4,6 +4,7 @@ matrix over every job, resumes that do not fit, corrupt saved files, and the CLI
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import warnings
@@ -63,6 +64,10 @@ JOB_MATRIX = [
     ("reward", "val_fraction=1.0", "config key 'val_fraction' = 1.0 is out of range"),
     ("reward", "start_crop=nan", "config key 'start_crop' = nan: expected a finite number"),
     ("reward", "clip_len_max=4", "clip_len_max = 4: expected 0 or >= clip_len (8)"),
+    ("reward", "seed=-1", f"config key 'seed' = -1 is out of range: {SEED_RANGE}"),
+    ("reward", "optim.lr=nan", "config key 'optim.lr' = nan: expected a finite number"),
+    ("reward", "eval_every=0", "config key 'eval_every' = 0 is out of range: expected >= 1"),
+    ("reward", "save_every=0", "config key 'save_every' = 0 is out of range: expected >= 1"),
     ("grpo", "iterations=0", "config key 'iterations' = 0 is out of range: expected >= 1"),
     ("grpo", "group_size=1", "config key 'group_size' = 1 is out of range: expected >= 2"),
     ("grpo", "keep_high=0.05", "keep_low = 0.1 > keep_high = 0.05"),
@@ -72,11 +77,24 @@ JOB_MATRIX = [
     ("grpo", "reward_model=''", "reward=learned needs reward_model=<its directory>"),
     ("grpo", "train_seed=-5", f"config key 'train_seed' = -5 is out of range: {SEED_RANGE}"),
     ("grpo", "distributed.workers=0", "config key 'distributed.workers' = 0 is out of range"),
+    ("grpo", "seed=-1", f"config key 'seed' = -1 is out of range: {SEED_RANGE}"),
+    ("grpo", "eval_seed=4294967296", f"'eval_seed' = 4294967296 is out of range: {SEED_RANGE}"),
+    ("grpo", "eval_episodes=-2", "config key 'eval_episodes' = -2 is out of range: expected >= 0"),
+    ("grpo", "eval_every=0", "config key 'eval_every' = 0 is out of range: expected >= 1"),
+    ("grpo", "save_every=0", "config key 'save_every' = 0 is out of range: expected >= 1"),
+    ("grpo", "optim.lr=nan", "config key 'optim.lr' = nan: expected a finite number"),
+    ("grpo", "clip_high=nan", "config key 'clip_high' = nan: expected a finite number"),
+    ("grpo", "keep_low=-0.5", "config key 'keep_low' = -0.5 is out of range: expected in [0.0, 1"),
     ("tpo", "rounds=0", "config key 'rounds' = 0 is out of range: expected >= 1"),
     ("tpo", "beta=-1", "config key 'beta' = -1.0 is out of range: expected >= 0.0"),
     ("tpo", "objective=fast", "config key 'objective' = 'fast': expected one of"),
     ("tpo", "pairs=some", "config key 'pairs' = 'some': expected one of ['best-worst', 'all']"),
     ("tpo", "reference=x", "config key 'reference' = 'x': expected one of ['round', 'initial']"),
+    ("tpo", "seed=-1", f"config key 'seed' = -1 is out of range: {SEED_RANGE}"),
+    ("tpo", "beta=nan", "config key 'beta' = nan: expected a finite number"),
+    ("tpo", "optim.lr=nan", "config key 'optim.lr' = nan: expected a finite number"),
+    ("tpo", "eval_episodes=-2", "config key 'eval_episodes' = -2 is out of range: expected >= 0"),
+    ("tpo", "save_every=0", "config key 'save_every' = 0 is out of range: expected >= 1"),
 ]  # fmt: skip
 
 
@@ -126,6 +144,39 @@ def test_collect_and_eval_refuse_bad_values(
     _refused([*argv, *flag], message, out, capsys)
 
 
+def test_an_absurd_batch_size_is_refused_with_its_memory_estimate(
+    saved: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A batch that cannot fit in this machine's memory is refused before the run starts, with
+    what it would need and the largest size that fits (not a hang or an out-of-memory kill)."""
+    argv = ["train", "bc", f"dataset={saved['data']}", "policy=mlp", "batch_size=100000000",
+            f"out={tmp_path / 'out'}", "device=cpu"]  # fmt: skip
+    (tmp_path / "out").mkdir()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    pattern = r"batch_size = 100000000 needs [\d.]+ GiB per batch .* GiB: use at most \d+"
+    assert re.search(pattern, err), err
+    assert not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (["--frames", "0"], "config key 'frames' = 0 is out of range: expected >= 2"),
+        (["--episodes", "-1"], "config key 'episodes' = -1 is out of range: expected >= 0"),
+    ],
+)
+def test_eval_reward_refuses_bad_counts(
+    saved: dict[str, Path], flag: list[str], message: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:  # fmt: skip
+    """``--episodes -1`` once silently dropped the last episode; both are refused now."""
+    out = tmp_path / "scores.json"
+    _refused(["eval", "reward", "--model", "time", "--dataset", str(saved["data"]), *flag,
+              "--json", str(out)], message, tmp_path, capsys)  # fmt: skip
+
+
 def test_resume_accepts_only_a_run_of_the_same_job_with_the_same_settings(
     saved: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -157,6 +208,26 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(
         train_bc(cfg)
     assert any("step-0000004" in str(w.message) and "unreadable" in str(w.message) for w in caught)
     assert (run / "policy" / "model.safetensors").is_file()  # resumed from step 2 and finished
+
+
+def test_the_fallback_warning_is_one_line_on_the_command_line(
+    saved: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """From the CLI, the warning that a damaged checkpoint was skipped is one line in the
+    CLI's own form, not Python's file:line display with the warning's source line."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(saved["run"], run)
+    shutil.rmtree(run / "policy")
+    (run / "checkpoints" / "step-0000004" / "trainer.json").write_bytes(b"{not json")
+    argv = ["train", "bc", f"dataset={saved['data']}", "policy=mlp", "steps=4", "save_every=2",
+            "eval_episodes=0", "device=cpu", "--resume", str(run)]  # fmt: skip
+    assert main(argv) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "step-0000004" in line]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("embodied train bc: warning: checkpoint "), lines
+    assert "unreadable" in lines[0] and "UserWarning" not in lines[0]
 
 
 CORRUPT_TRAINER = [

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -282,10 +283,21 @@ def build_parser(benches: bool = True) -> argparse.ArgumentParser:
 USER_ERRORS = (ValueError, OSError, FloatingPointError, RuntimeError)
 
 
+def _one_line_warnings(command: str) -> Any:
+    """``warnings.showwarning`` for the CLI: ``embodied <command>: warning: <what>`` on one line,
+    instead of Python's two (the source file and the line that warned)."""
+
+    def show(message: Warning | str, *_: Any, **__: Any) -> None:
+        print(f"embodied {command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    return show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``embodied`` console script. An expected failure is one line,
     ``embodied <command>: error: <what>``, and exit status 2; ``--debug`` (or
-    ``EMBODIED_DEBUG=1``) shows the traceback; Ctrl-C exits 130 and a closed pipe quietly."""
+    ``EMBODIED_DEBUG=1``) shows the traceback; Ctrl-C exits 130 and a closed pipe quietly.
+    Warnings are one line too (``embodied <command>: warning: <what>``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("EMBODIED_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
@@ -300,7 +312,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     words += [getattr(args, k) for k in ("algorithm", "target") if getattr(args, k, None)]
     command = " ".join(words)
     try:
-        return args.func(args)
+        with warnings.catch_warnings():  # restores Python's own display when the command ends
+            if not debug:
+                warnings.showwarning = _one_line_warnings(command)
+            return args.func(args)
     except BrokenPipeError:  # `embodied dataset info | head`: the reader left, nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141

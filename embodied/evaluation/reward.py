@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from embodied.core.config import setting, validate
 from embodied.core.features import is_image_key
 from embodied.core.io import atomic_write_text
 from embodied.core.reward import ProgressScore, RewardModel, evenly_spaced
@@ -30,6 +31,14 @@ from embodied.evaluation.report import markdown_table
 from embodied.rewards.metrics import calibration_error, success_auroc, value_order_correlation
 from embodied.rewards.models import LearnedProgress, make_reward_model
 from embodied.rewards.progress import ProgressRewardModel
+
+
+@dataclass
+class RewardEvalRange:
+    """What ``embodied eval reward`` accepts for its counts (checked like every job's config)."""
+
+    frames: int = setting(8, low=2)  # VOC and progress need at least two frames an episode
+    episodes: int = setting(0, low=0)  # 0: every episode
 
 
 @dataclass
@@ -128,7 +137,7 @@ def evaluate_reward(
     or ``judge:<local VLM directory>``, each scoring the dataset's first camera at ``max_frames``
     evenly spaced frames; on a dataset of several tasks also one row per method and task
     (``task`` is "all" on the rows over every episode)."""
-
+    validate(RewardEvalRange(frames=max_frames, episodes=episodes))
     dataset = LeRobotDataset(dataset_dir)
     if label_key not in dataset.features:
         raise ValueError(
