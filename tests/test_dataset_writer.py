@@ -16,6 +16,7 @@ import pytest
 from test_lerobot import make_trajectory, write
 
 import embodied.datasets.lerobot.writer as writer_module
+from embodied.apps.cli import main
 from embodied.core.trajectory import trajectories_equal
 from embodied.datasets import (
     DatasetBusyError,
@@ -108,7 +109,7 @@ time.sleep(60)
 """
 
 
-def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
+def test_the_lock_dies_with_its_process(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     root = tmp_path / "data"
     write(root, [make_trajectory(0)], lossless=True)
     holder = subprocess.Popen(
@@ -118,6 +119,11 @@ def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(DatasetBusyError, match=rf"pid {holder.pid} on .*, running"):
             LeRobotDatasetWriter.open(root)
+        # `embodied label` writes the dataset too: it waits for no one and overwrites nothing.
+        assert main(["label", str(root)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert re.fullmatch(rf"embodied label: error: .* \(pid {holder.pid} on .*", err), err
+        assert "progress.label" not in LeRobotDataset(root).features
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
