@@ -47,8 +47,6 @@ def test_bench_sim_reports_rates_against_raw_mujoco(capsys: pytest.CaptureFixtur
         assert row["task"] == "Reach" and row["baseline"] == "raw mj_step x5"
         assert row["steps_per_s"] > 0 and row["baseline_steps_per_s"] > 0
         assert row["ratio"] == pytest.approx(row["baseline_steps_per_s"] / row["steps_per_s"])
-    # Rendering costs time: the camera row is slower than the state-only row.
-    assert rows[1]["steps_per_s"] < rows[0]["steps_per_s"]
 
 
 # Run in a fresh interpreter: malloc only maps a large block when no free chunk in the heap fits
