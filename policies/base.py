@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from embodied.core.config import check_choice
 from embodied.core.features import (
     ENV_STATE_KEY,
     STATE_KEY,
@@ -25,24 +26,6 @@ ENV_STATE_ENCODERS = ("flat", "objects")
 
 
 # --- config checks --------------------------------------------------------------------------------
-def check_ints(config: Any, lows: Mapping[str, int]) -> None:
-    """Refuse a field that is not an int (bools included) of at least its lower bound."""
-    for name, low in lows.items():
-        value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            owner = type(config).__name__
-            raise ValueError(f"{owner}.{name} must be an int >= {low}, got {value!r}")
-
-
-def check_choice(config: Any, name: str, choices: Sequence[str]) -> None:
-    """Refuse a field whose value is not one of ``choices``."""
-    value = getattr(config, name)
-    if value not in choices:
-        names = [repr(c) for c in choices]
-        allowed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-        raise ValueError(f"{type(config).__name__}.{name} must be {allowed}, got {value!r}")
-
-
 def check_chunk(config: Any) -> None:
     """The executed chunk starts at the newest observation and must fit in the horizon."""
     if config.n_obs_steps - 1 + config.n_action_steps > config.horizon:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from embodied.core.config import check_ints
 from embodied.core.features import ENV_STATE_KEY, STATE_KEY, ActionSpec, ObservationSpec
 from embodied.core.policy import ActionOutput, register_policy
 from embodied.core.sampling import randn
@@ -44,7 +45,6 @@ from embodied.policies.base import (
     ACTION_HIGH,
     ACTION_LOW,
     NormalizedPolicy,
-    check_ints,
     dataset_state_values,
     newest_step,
     require_features,

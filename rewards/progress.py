@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embodied.core.config import check_ints
 from embodied.core.nn import UNKNOWN_WORD, InstructionEncoder
 from embodied.core.pretrained import (
     config_from_dict,
@@ -65,20 +66,12 @@ class ProgressConfig:
     success_weight: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("image_size", "num_keypoints", "d_model", "n_heads", "n_layers", "ff_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ProgressConfig.{name} must be an integer >= 1, got {value!r}")
-        if self.image_size < 8:
-            raise ValueError(f"ProgressConfig.image_size must be >= 8, got {self.image_size}")
+        check_ints(self, {"image_size": 8, "num_keypoints": 1, "d_model": 1, "n_heads": 1,
+                          "n_layers": 1, "ff_dim": 1, "num_bins": 2})  # fmt: skip
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"ProgressConfig.d_model ({self.d_model}) must be divisible by n_heads "
                 f"({self.n_heads})"
-            )
-        if not isinstance(self.num_bins, int) or self.num_bins < 2:
-            raise ValueError(
-                f"ProgressConfig.num_bins must be an integer >= 2, got {self.num_bins!r}"
             )
         channels = list(self.vision_channels)
         if not channels or any(not isinstance(c, int) or c < 1 for c in channels):

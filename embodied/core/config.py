@@ -40,6 +40,8 @@ from embodied.core.io import atomic_write_text
 __all__ = [
     "SEED_MAX",
     "ConfigError",
+    "check_choice",
+    "check_ints",
     "config_to_dict",
     "load_config",
     "save_config",
@@ -55,6 +57,25 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A config could not be built: unknown key, wrong type, bad YAML file or bad override."""
+
+
+# --- checks for model configs (built in code, not from YAML): policies and reward models --------
+def check_ints(config: Any, lows: Mapping[str, int]) -> None:
+    """Refuse a field that is not an int (bools included) of at least its lower bound."""
+    for name, low in lows.items():
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            owner = type(config).__name__
+            raise ValueError(f"{owner}.{name} must be an int >= {low}, got {value!r}")
+
+
+def check_choice(config: Any, name: str, choices: Sequence[str]) -> None:
+    """Refuse a field whose value is not one of ``choices``."""
+    value = getattr(config, name)
+    if value not in choices:
+        names = [repr(c) for c in choices]
+        allowed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+        raise ValueError(f"{type(config).__name__}.{name} must be {allowed}, got {value!r}")
 
 
 def load_config(

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from embodied.core.config import check_choice, check_ints
 from embodied.core.nn import UNKNOWN_WORD
 from embodied.core.vision import check_vision_encoder
 from embodied.policies.base import (
-    check_choice,
     check_chunk,
     check_env_state_encoder,
     check_image_keys,
-    check_ints,
 )
 
 AUX_STATE_ENCODERS = ("none", "flat", "objects")

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from embodied.core.config import check_choice, check_ints
 from embodied.core.nn import UNKNOWN_WORD, object_groups, tokenize_words
 from embodied.policies.base import (
-    check_choice,
     check_chunk,
     check_env_state_encoder,
     check_image_keys,
-    check_ints,
 )
 
 PAD_TOKEN, BOS_TOKEN, UNK_TOKEN, IMAGE_TOKEN = "<pad>", "<bos>", UNKNOWN_WORD, "<image>"
