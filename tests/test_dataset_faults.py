@@ -300,7 +300,8 @@ def test_two_runs_at_once_never_lose_episodes(tmp_path: Path) -> None:
 
 def test_full_disk_is_one_line_and_keeps_what_was_committed(tmp_path: Path) -> None:
     """Writes fail (EFBIG under a file-size limit, as ENOSPC on a full disk) part-way through:
-    one error line, exit 1, the committed episodes intact and the dataset still appendable."""
+    one error line, exit 2 (the CLI's status for an expected error), the committed episodes
+    intact and the dataset still appendable."""
     root = tmp_path / "data"
 
     def small_files() -> None:
