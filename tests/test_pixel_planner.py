@@ -198,6 +198,34 @@ def test_auxiliary_state_is_a_training_target_only(tmp_path):
     )
 
 
+def test_the_camera_recipe_saves_and_loads_in_a_fresh_process(tmp_path):
+    """The recipe configs/bc_pixels.yaml ships (FiLM'd ResNet, auxiliary state head): a new
+    interpreter loading the saved policy samples the same actions for the same noise."""
+    import subprocess
+    import sys
+    import textwrap
+
+    policy = pixel_policy().eval()
+    directory = policy.save_pretrained(tmp_path / "policy")
+    obs = inputs(batch(), policy)
+    np.savez(tmp_path / "obs.npz", **{k: v.numpy() for k, v in obs.items()})
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, torch
+        torch.set_num_threads(1)
+        import embodied.policies.diffusion  # registers "diffusion"
+        from embodied.core.policy import Policy
+        policy = Policy.from_pretrained({str(directory)!r}).eval()
+        obs = {{k: torch.from_numpy(v) for k, v in np.load({str(tmp_path / "obs.npz")!r}).items()}}
+        out = policy.act(obs, {INSTRUCTIONS!r}, generator=torch.Generator().manual_seed(7))
+        np.save({str(tmp_path / "actions.npy")!r}, out.actions.numpy())
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    out = policy.act(obs, INSTRUCTIONS, generator=torch.Generator().manual_seed(7))
+    np.testing.assert_allclose(np.load(tmp_path / "actions.npy"), out.actions.numpy(), atol=1e-6)
+
+
 def test_aux_head_learns_the_state_from_the_images():
     torch.manual_seed(0)
     policy = pixel_policy(aux_state_weight=10.0, aux_state_encoder="none", vision_film=False)

@@ -210,6 +210,26 @@ def test_log_prob_recomputes_the_sampling_log_probs_with_gradients(deterministic
     assert head[: policy.action_token_start].abs().sum() == 0  # constrained: no other token
 
 
+def test_pixel_vla_reads_the_camera_state_and_instruction_only():
+    """The VLA from pixels (no environment-state tokens): it says so in its observation spec,
+    refuses the privileged state, and its per-token log-probs recompute to 1e-4 with gradients
+    through the vision tower."""
+    policy = tiny_policy(temperature=0.8, env_state_dim=0)
+    spec = policy.observation_spec
+    assert not spec.privileged
+    assert spec.read_keys() == ["observation.image", "observation.state"]
+    obs = observations(seed=3)
+    privileged = obs.pop("observation.environment_state")
+    out = policy.act(obs, INSTRUCTIONS, False, generator=torch.Generator().manual_seed(1))
+    log_probs = policy.log_prob(obs, INSTRUCTIONS, out.policy_outputs)
+    torch.testing.assert_close(log_probs, out.policy_outputs["log_probs"], atol=1e-4, rtol=0)
+    log_probs.sum().backward()
+    tower = policy.backbone.model.vision_tower
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in tower.parameters())
+    with pytest.raises(ValueError, match="does not read 'observation.environment_state'"):
+        policy.act({**obs, "observation.environment_state": privileged}, INSTRUCTIONS, True)
+
+
 # --- behaviour cloning ----------------------------------------------------------------------------
 def synthetic_batch(policy: VLAPolicy, batch: int = 16) -> dict:
     """An expert whose chunk depends on the observation: dimension 0 follows the sign of the
