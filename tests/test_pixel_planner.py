@@ -162,6 +162,43 @@ def test_every_encoder_builds_offline_and_trains_a_step(tmp_path):
         assert out.actions.shape == (4, 4, 2) and torch.isfinite(out.actions).all()
 
 
+def test_an_image_text_pair_model_encodes_with_its_image_tower(tmp_path):
+    """A SigLIP directory (image and text towers, as such checkpoints are published): the
+    encoder runs its image tower and gives a spatial map of its patches."""
+    from transformers import SiglipConfig, SiglipModel
+
+    torch.manual_seed(0)
+    tower = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+             "intermediate_size": 32}  # fmt: skip
+    vision = {**tower, "image_size": 32, "patch_size": 8}
+    pair = SiglipModel(SiglipConfig(text_config=tower, vision_config=vision))
+    pair.save_pretrained(tmp_path / "siglip")
+    policy = pixel_policy(vision_encoder=f"hf:{tmp_path / 'siglip'}")
+    trunk = policy.model.image_encoders[0].trunk
+    assert trunk.out_channels == 16
+    assert trunk(torch.zeros(2, 3, 32, 32)).shape == (2, 16, 4, 4)  # 4x4 patches of 8 px
+    out = policy.act(inputs(batch(), policy), INSTRUCTIONS, deterministic=True)
+    assert torch.isfinite(out.actions).all()
+
+
+def test_a_local_directory_that_is_no_vision_model_is_refused_by_name(tmp_path):
+    from transformers import LlamaConfig, LlamaModel
+
+    LlamaModel(
+        LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=2)
+    ).save_pretrained(tmp_path / "text")  # fmt: skip
+    (tmp_path / "empty").mkdir()
+    cases = {
+        "text": r"LlamaModel reads no images \(no pixel_values\)",
+        "empty": "not a transformers model directory",
+        "missing": "no such local model directory",
+    }
+    for name, message in cases.items():
+        with pytest.raises(ValueError, match=rf"vision_encoder 'hf:{tmp_path / name}': {message}"):
+            pixel_policy(vision_encoder=f"hf:{tmp_path / name}")
+
+
 def test_auxiliary_state_is_a_training_target_only(tmp_path):
     policy = pixel_policy()
     assert policy.config.env_state_dim == 0 and policy.env_state_normalizer is None

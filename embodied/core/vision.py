@@ -208,10 +208,24 @@ class HFTrunk(FrozenTrunk):
         super().__init__()
         from transformers import AutoConfig, AutoModel
 
+        name = f"vision_encoder 'hf:{directory}'"
         if not Path(directory).is_dir():
-            raise ValueError(f"vision_encoder 'hf:{directory}': no such local model directory")
-        config = AutoConfig.from_pretrained(directory, local_files_only=True)
-        self.model = AutoModel.from_pretrained(directory, local_files_only=True)
+            raise ValueError(f"{name}: no such local model directory")
+        try:
+            config = AutoConfig.from_pretrained(directory, local_files_only=True)
+            model = AutoModel.from_pretrained(directory, local_files_only=True)
+        except (OSError, ValueError, KeyError) as error:
+            reason = " ".join(str(error).split())[:200]
+            raise ValueError(f"{name}: not a transformers model directory ({reason})") from None
+        if hasattr(model, "vision_model") and hasattr(model, "text_model"):
+            model = model.vision_model  # CLIP / SigLIP: the image tower of the pair
+            config = getattr(config, "vision_config", config)
+        if "pixel_values" not in inspect.signature(model.forward).parameters:
+            raise ValueError(
+                f"{name}: {type(model).__name__} reads no images (no pixel_values); use a "
+                "vision model (ViT, DINOv2, SigLIP, CLIP, ResNet)"
+            )
+        self.model = model
         self.model.requires_grad_(False)
         self.interpolate = (
             "interpolate_pos_encoding" in inspect.signature(self.model.forward).parameters
