@@ -2,8 +2,10 @@
 
 ``ProgressRewardModel`` scores a rollout frame by frame, so it can run online:
 
-- each frame (``uint8 [H, W, 3]``) goes through a small CNN with GroupNorm and a spatial-softmax
-  keypoint head (``embodied.core.vision.ImageEncoder``, as the planners use);
+- each frame (``uint8 [H, W, 3]``) goes through a camera encoder chosen by name, as the planners
+  choose theirs (``embodied.core.vision.build_image_encoder``): the small ResNet trained from
+  scratch (default), the frozen ImageNet EfficientNet-Lite0 or a local ``transformers`` vision
+  model, each with a spatial-softmax keypoint head;
 - the instruction is a bag of words over the dataset's vocabulary (``InstructionEncoder``);
 - a frame token is ``Linear([image, instruction]) + sinusoidal(position)``; a causal
   ``nn.TransformerEncoder`` runs over the frame tokens, so frame ``t``'s outputs depend only on
@@ -41,7 +43,11 @@ from embodied.core.pretrained import (
     read_pretrained,
     save_pretrained,
 )
-from embodied.core.vision import ImageEncoder
+from embodied.core.vision import (
+    PretrainedImageEncoder,
+    build_image_encoder,
+    check_vision_encoder,
+)
 
 __all__ = ["MODEL_TYPE", "ProgressConfig", "ProgressRewardModel", "augment_frames"]
 
@@ -54,7 +60,9 @@ class ProgressConfig:
 
     image_size: int = 64  # frames are uint8 [B, T, image_size, image_size, 3]
     vocab: list[str] = field(default_factory=lambda: [UNKNOWN_WORD])  # build_vocab(instructions)
-    vision_channels: list[int] = field(default_factory=lambda: [16, 32, 64])
+    vision_encoder: str = "resnet"  # resnet | efficientnet_lite0 | hf:<local model directory>
+    vision_channels: list[int] = field(default_factory=lambda: [16, 32, 64])  # pretrained: adapter
+    pretrained_blocks: int = 4  # efficientnet_lite0: the trunk is cut after this many blocks
     num_keypoints: int = 16
     d_model: int = 64
     n_heads: int = 4
@@ -67,7 +75,9 @@ class ProgressConfig:
 
     def __post_init__(self) -> None:
         check_ints(self, {"image_size": 8, "num_keypoints": 1, "d_model": 1, "n_heads": 1,
-                          "n_layers": 1, "ff_dim": 1, "num_bins": 2})  # fmt: skip
+                          "n_layers": 1, "ff_dim": 1, "num_bins": 2,
+                          "pretrained_blocks": 1})  # fmt: skip
+        check_vision_encoder(self.vision_encoder)
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"ProgressConfig.d_model ({self.d_model}) must be divisible by n_heads "
@@ -120,7 +130,12 @@ class ProgressRewardModel(nn.Module):
             raise TypeError(f"ProgressRewardModel needs a ProgressConfig, got {type(config)}")
         self.config = config
         d = config.d_model
-        self.image_encoder = ImageEncoder(config.vision_channels, config.num_keypoints, d)
+        self.image_encoder = build_image_encoder(
+            config.vision_encoder, config.vision_channels, config.num_keypoints, d,
+            pretrained_blocks=config.pretrained_blocks,
+        )  # fmt: skip
+        if isinstance(self.image_encoder, PretrainedImageEncoder):
+            self.image_encoder.cache_trunk = False  # augmented clips never repeat a frame
         self.instruction_encoder = InstructionEncoder(config.vocab, d)
         self.fuse = nn.Linear(2 * d, d)
         layer = nn.TransformerEncoderLayer(

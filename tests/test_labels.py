@@ -396,3 +396,14 @@ def test_calibration_error():
     assert half == pytest.approx(0.5 * 0.2 + 0.5 * 0.5)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         calibration_error(np.array([1.5]), np.array([True]))
+
+
+def test_the_summary_line_says_when_a_kind_of_episode_is_missing():
+    """A dataset of successes only has no mean final label of failures: the line says so
+    instead of printing 'nan on failures'."""
+    from embodied.apps.label import LabelSummary
+
+    line = LabelSummary(3, 3, "procedure", 1.0, float("nan")).line()
+    assert line.endswith("mean final label 1.000 on successes, no failures"), line
+    line = LabelSummary(2, 0, "time", float("nan"), 0.25).line()
+    assert line.endswith("mean final label no successes, 0.250 on failures"), line

@@ -165,6 +165,40 @@ def test_loss_falls_and_the_model_ranks_frames_in_order() -> None:
                 assert pred[-1] < pred.max() - 0.1
 
 
+@pytest.mark.parametrize("encoder", ["efficientnet_lite0", "hf"])
+def test_the_planners_camera_encoders_serve_the_reward_model(encoder: str, tmp_path: Path) -> None:
+    """``vision_encoder`` as in the planners: a frozen pretrained trunk (offline ImageNet
+    EfficientNet-Lite0, or a local ``transformers`` ViT) under a trained head; a step trains the
+    head and leaves the trunk, and the saved model scores the same."""
+    if encoder == "hf":
+        from transformers import ViTConfig, ViTModel
+
+        torch.manual_seed(0)
+        vit = ViTConfig(image_size=SIZE, patch_size=4, hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=32)  # fmt: skip
+        ViTModel(vit, add_pooling_layer=False).save_pretrained(tmp_path / "vit")
+        encoder = f"hf:{tmp_path / 'vit'}"
+    torch.manual_seed(0)
+    model = ProgressRewardModel(tiny_config(vision_encoder=encoder, pretrained_blocks=2))
+    rng = np.random.default_rng(0)
+    episodes = [(*synthetic_episode(rng, ok), ok) for ok in [True, False]]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    model.loss(synthetic_batch(rng, episodes, 4, 5)).backward()
+    optimizer.step()
+    after = model.state_dict()
+    trunk = [k for k in after if ".trunk." in k]
+    assert trunk and all(torch.equal(before[k], after[k]) for k in trunk)
+    assert not torch.equal(before["progress_head.weight"], after["progress_head.weight"])
+    assert not all(torch.equal(before[k], after[k]) for k in after if ".adapter." in k)
+    model.eval().save_pretrained(tmp_path / "model")
+    loaded = ProgressRewardModel.from_pretrained(tmp_path / "model").eval()
+    frames = random_frames(2, 4)
+    assert torch.equal(loaded.progress(frames, INSTRUCTIONS), model.progress(frames, INSTRUCTIONS))
+    with pytest.raises(ValueError, match="vision_encoder must be one of"):
+        tiny_config(vision_encoder="vgg")
+
+
 # --- save / load -------------------------------------------------------------------------------
 def test_save_load_round_trip_is_exact_in_a_fresh_process(tmp_path: Path) -> None:
     torch.manual_seed(0)

@@ -7,6 +7,7 @@ baseline). Budgets come from the dataset's own successful episodes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,10 +31,14 @@ class LabelSummary:
 
     def line(self) -> str:
         """One line for the terminal."""
+
+        def mean(value: float, of: str) -> str:
+            return f"no {of}" if math.isnan(value) else f"{value:.3f} on {of}"
+
         return (
             f"labelled {self.episodes} episodes with '{self.method}' progress "
-            f"({self.successes} successful): mean final label {self.final_success:.3f} on "
-            f"successes, {self.final_failure:.3f} on failures"
+            f"({self.successes} successful): mean final label "
+            f"{mean(self.final_success, 'successes')}, {mean(self.final_failure, 'failures')}"
         )
 
 
