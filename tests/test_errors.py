@@ -310,3 +310,21 @@ def test_debug_shows_the_traceback_and_a_closed_pipe_exits_quietly(
     piped = subprocess.run(f"{' '.join(info)} | head -c 1", shell=True, capture_output=True,
                            text=True)  # fmt: skip
     assert "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr
+
+
+CTRL_C_AT_EXIT = """
+import atexit, os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's, not a background job's
+from embodied.apps.cli import run
+atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))  # Ctrl-C while Python shuts down
+run(sys.argv[1:])
+"""
+
+
+def test_a_ctrl_c_after_the_command_finished_is_ignored() -> None:
+    """The console script's work is done and saved once its command returns: a Ctrl-C while
+    Python shuts down neither prints a traceback nor turns the exit status into the signal."""
+    done = subprocess.run([sys.executable, "-c", CTRL_C_AT_EXIT, "tasks"], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Reach" in done.stdout and "Traceback" not in done.stderr, done.stderr

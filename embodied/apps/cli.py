@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -332,5 +333,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def run(argv: Sequence[str] | None = None) -> None:
+    """The console script: ``main``, then exit with its status. A Ctrl-C that comes once the
+    command has finished (while Python shuts down) is ignored: the work is done and saved, and
+    it would otherwise print a traceback or end the process by the signal."""
+    code = main(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
