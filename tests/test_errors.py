@@ -265,8 +265,12 @@ def test_a_corrupt_trainer_state_falls_back_then_is_one_line(
             "eval_episodes=0", "device=cpu", "--resume", str(run)]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "no readable checkpoint in" in err and "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+    # One warning line per checkpoint tried, then the one error line.
+    *warned, error = err.strip().splitlines()
+    assert error.startswith("embodied train bc: error: no readable checkpoint in"), err
+    assert len(warned) == len(checkpoints), err
+    assert all(w.startswith("embodied train bc: warning: checkpoint ") for w in warned), err
 
 
 CORRUPT_POLICY = [
