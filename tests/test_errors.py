@@ -32,13 +32,15 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"data": root / "data", "policy": root / "policy", "run": run.path}
 
 
-def _refused(argv: list[str], message: str, out: Path, capsys: pytest.CaptureFixture) -> None:
-    """``embodied argv`` exits 2 with ``message`` in one line on stderr and writes nothing."""
+def _refused(argv: list[str], message: str, out: Path, capsys: pytest.CaptureFixture) -> str:
+    """``embodied argv`` exits 2 with ``message`` in one line on stderr and writes nothing;
+    returns that line."""
     out.mkdir(parents=True, exist_ok=True)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "Traceback" not in err and len(err.splitlines()) == 1, err
     assert not any(out.iterdir()), f"{argv} wrote {list(out.iterdir())}"
+    return err
 
 
 JOB_MATRIX = [
@@ -151,13 +153,9 @@ def test_an_absurd_batch_size_is_refused_with_its_memory_estimate(
     what it would need and the largest size that fits (not a hang or an out-of-memory kill)."""
     argv = ["train", "bc", f"dataset={saved['data']}", "policy=mlp", "batch_size=100000000",
             f"out={tmp_path / 'out'}", "device=cpu"]  # fmt: skip
-    (tmp_path / "out").mkdir()
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    err = _refused(argv, "batch_size = 100000000 needs", tmp_path / "out", capsys)
     pattern = r"batch_size = 100000000 needs [\d.]+ GiB per batch .* GiB: use at most \d+"
     assert re.search(pattern, err), err
-    assert not any((tmp_path / "out").iterdir())
 
 
 @pytest.mark.parametrize(

@@ -220,16 +220,15 @@ class HFTrunk(FrozenTrunk):
         if hasattr(model, "vision_model") and hasattr(model, "text_model"):
             model = model.vision_model  # CLIP / SigLIP: the image tower of the pair
             config = getattr(config, "vision_config", config)
-        if "pixel_values" not in inspect.signature(model.forward).parameters:
+        parameters = inspect.signature(model.forward).parameters
+        if "pixel_values" not in parameters:
             raise ValueError(
                 f"{name}: {type(model).__name__} reads no images (no pixel_values); use a "
                 "vision model (ViT, DINOv2, SigLIP, CLIP, ResNet)"
             )
         self.model = model
         self.model.requires_grad_(False)
-        self.interpolate = (
-            "interpolate_pos_encoding" in inspect.signature(self.model.forward).parameters
-        )
+        self.interpolate = "interpolate_pos_encoding" in parameters
         with torch.no_grad():
             size = int(getattr(config, "image_size", 32) or 32)
             self.out_channels = int(self.extract(torch.zeros(1, 3, size, size)).shape[1])
