@@ -82,10 +82,8 @@ def _bc() -> dict[str, Any]:
 
 
 def _grpo() -> dict[str, Any]:
-    # 20 iterations: at 12 the lift depended on float-level differences in the BC planner
-    # (87% -> 100% for one, 85% -> 90% for another); with 20 the latter reaches 97%.
     return {
-        "iterations": 20,
+        "iterations": 12,
         "groups": 8,
         "group_size": 4,
         "max_refills": 0,
