@@ -78,6 +78,24 @@ def test_fast_episodes_wait_for_the_interval_slow_ones_do_not(tmp_path: Path) ->
             assert episodes_on_disk(slow) == index + 1
 
 
+def test_lossy_frames_do_not_depend_on_where_files_were_cut(tmp_path: Path) -> None:
+    # The writer cuts files by wall-clock time; an episode must decode to the same frames in any
+    # file and after any episodes (progress labels come from decoded frames).
+    trajectories = [make_trajectory(index, steps=40) for index in range(3)]
+    one_file, per_episode = tmp_path / "one", tmp_path / "each"
+    write(one_file, trajectories, commit_interval_s=60)
+    write(per_episode, trajectories, commit_interval_s=0)
+    # The first episode is committed at once, the other two together (per camera).
+    assert len(list((one_file / "videos").rglob("*.mp4"))) == 4
+    assert len(list((per_episode / "videos").rglob("*.mp4"))) == 6
+    together, alone = LeRobotDataset(one_file), LeRobotDataset(per_episode)
+    for index in range(3):
+        a, b = together.episode(index), alone.episode(index)
+        for camera, frames in a.observations["pixels"].items():
+            assert np.array_equal(frames, b.observations["pixels"][camera]), (index, camera)
+    assert validate_dataset(one_file) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # One writer at a time
 # ---------------------------------------------------------------------------------------------

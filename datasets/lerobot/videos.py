@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import uuid
 from fractions import Fraction
@@ -25,6 +26,7 @@ LOSSLESS_ENCODER = "libx264rgb"  # H.264 in RGB with qp 0: bit-exact, and any H.
 # Pixel formats with chroma subsampled in both directions: frames must have even sizes. Frames are
 # encoded at their exact size (never padded), so readers, LeRobot's included, get what was written.
 EVEN_PIX_FMTS = ("yuv420p",)
+X264_ENCODERS = ("libx264", LOSSLESS_ENCODER)
 CODEC_NAMES = {"libx264": "h264", "libx264rgb": "h264", "libsvtav1": "av1", "libopenh264": "h264"}
 
 
@@ -49,10 +51,14 @@ def _video_info(
 
 
 class _VideoEncoder:
-    """Encodes the frames of consecutive episodes into one mp4 under a temporary name.
+    """Packs the frames of consecutive episodes into one mp4 under a temporary name.
 
-    ``finish`` renames it to its final name, so a crash never leaves a truncated video there.
-    Frame i of the file has pts i (time base 1/fps), i.e. it plays at time i / fps.
+    Each episode is encoded on its own (a fresh encoder, a keyframe first) and its packets are
+    copied after the file's, as LeRobot concatenates episode videos. An episode's decoded frames
+    are then the same whichever file it lands in and whatever came before it there; the writer
+    cuts files by wall-clock time, so one continuous stream would decode differently from run to
+    run. ``finish`` renames the file to its final name, so a crash never leaves a truncated video
+    there. Frame i of the file has pts i (time base 1/fps), i.e. it plays at time i / fps.
     """
 
     def __init__(
@@ -74,26 +80,53 @@ class _VideoEncoder:
         self.tmp_path = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
         self.num_frames = 0
         self.encoded_bytes = 0
+        self._fps, self._size, self._info = fps, (height, width), info
         self._container = av.open(str(self.tmp_path), mode="w", format="mp4")
-        self._stream = self._container.add_stream(info["video.encoder"], rate=fps)
-        self._stream.height, self._stream.width = height, width
-        if info["video.lossless"]:
-            self._stream.pix_fmt = "rgb24"
-            self._stream.options = {"qp": "0"}
-        else:
-            self._stream.pix_fmt = info["video.pix_fmt"]
-            self._stream.options = {"crf": str(info["video.crf"])}
-        self._stream.codec_context.gop_size = fps  # a keyframe every second for random access
+        self._stream: av.video.stream.VideoStream | None = None  # from the first episode's
 
     def add(self, frames: np.ndarray) -> int:
         """Append ``uint8 [n, H, W, 3]`` frames; return the file frame index of the first one."""
         first = self.num_frames
-        for image in frames:
-            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
-            frame.pts = self.num_frames
-            self._mux(self._stream.encode(frame))
-            self.num_frames += 1
+        with av.open(self._encode_alone(frames), mode="r", format="mp4") as episode:
+            source = episode.streams.video[0]
+            if self._stream is None:
+                self._stream = self._container.add_stream_from_template(source)
+            shift = round(Fraction(first, self._fps) / source.time_base)
+            for packet in episode.demux(source):
+                if packet.dts is None:  # the demuxer's empty end-of-stream packet
+                    continue
+                packet.pts += shift
+                packet.dts += shift
+                packet.stream = self._stream
+                self._mux([packet])
+        self.num_frames += len(frames)
         return first
+
+    def _encode_alone(self, frames: np.ndarray) -> io.BytesIO:
+        """``frames`` as an mp4 of their own, in memory, with the feature's encoder settings."""
+        buffer = io.BytesIO()
+        with av.open(buffer, mode="w", format="mp4") as container:
+            stream = container.add_stream(self._info["video.encoder"], rate=self._fps)
+            stream.height, stream.width = self._size
+            if self._info["video.lossless"]:
+                stream.pix_fmt = "rgb24"
+                options = {"qp": "0"}
+            else:
+                stream.pix_fmt = self._info["video.pix_fmt"]
+                options = {"crf": str(self._info["video.crf"])}
+            if self._info["video.encoder"] in X264_ENCODERS:
+                # x264's macroblock-tree rate control reads memory it never set: the same
+                # frames gave up to 8 different files in 30 writes. Without it, one file.
+                options["x264-params"] = "mbtree=0"
+            stream.options = options
+            stream.codec_context.gop_size = self._fps  # a keyframe every second for random access
+            for index, image in enumerate(frames):
+                frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+                frame.pts = index
+                container.mux(stream.encode(frame))
+            container.mux(stream.encode())
+        buffer.seek(0)
+        return buffer
 
     def _mux(self, packets: list) -> None:
         """Write packets and count their bytes (the file on disk lags behind the encoder)."""
@@ -102,7 +135,6 @@ class _VideoEncoder:
 
     def finish(self) -> str:
         """Flush the encoder, close the file, sync it, move it to its final name; its sha256."""
-        self._mux(self._stream.encode())
         self._container.close()
         with open(self.tmp_path, "rb") as file:
             digest = _sha256(file)
