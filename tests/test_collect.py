@@ -101,6 +101,30 @@ def collected(tmp_path_factory: pytest.TempPathFactory):
     return root
 
 
+def test_label_names_the_cameras_before_decoding(collected, capsys) -> None:
+    from embodied.apps.cli import main
+
+    assert main(["label", str(collected), "--camera", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    # One camera is stored as observation.image: its name is not in the dataset.
+    assert err == (
+        f"embodied label: error: camera='nope': the dataset at {collected} has one unnamed "
+        "camera (observation.image); leave camera unset"
+    )
+
+
+def test_label_names_the_cameras_of_a_multi_camera_dataset(tmp_path) -> None:
+    from test_lerobot import make_trajectory, write
+
+    from embodied.apps.label import run_label
+
+    write(tmp_path / "data", [make_trajectory(0)])
+    with pytest.raises(
+        ValueError, match=r"camera='side': .* has the cameras \['front', 'wrist'\]$"
+    ):
+        run_label(tmp_path / "data", camera="side")
+
+
 def test_collect_writes_a_valid_dataset_with_failures(collected, capsys) -> None:
     from embodied.apps.cli import main
     from embodied.datasets import LeRobotDataset

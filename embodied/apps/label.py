@@ -56,6 +56,7 @@ def run_label(
     # The writer locks the dataset first: no run appends episodes while they are being labelled.
     with LeRobotDatasetWriter.open(root) as writer:
         dataset = LeRobotDataset(root)
+        _check_camera(dataset, camera)
         trajs = [dataset.episode(i) for i in range(dataset.num_episodes)]
         labels = label_trajectories(trajs, method=method, camera=camera)
         writer.add_frame_feature(
@@ -73,3 +74,18 @@ def run_label(
         float(finals[success].mean()) if success.any() else float("nan"),
         float(finals[~success].mean()) if (~success).any() else float("nan"),
     )
+
+
+def _check_camera(dataset: LeRobotDataset, camera: str | None) -> None:
+    """Before any frame is decoded: ``camera`` must name one of the dataset's cameras
+    (ValueError naming the cameras it has, or saying that its one camera has no name)."""
+    videos = [name for name, f in dataset.features.items() if f["dtype"] in ("video", "image")]
+    named = [name.removeprefix("observation.images.") for name in videos if "images." in name]
+    if camera is None or camera in named:
+        return
+    if not named:
+        raise ValueError(
+            f"camera={camera!r}: the dataset at {dataset.root} has one unnamed camera "
+            f"({', '.join(videos) or 'no images at all'}); leave camera unset"
+        )
+    raise ValueError(f"camera={camera!r}: the dataset at {dataset.root} has the cameras {named}")
