@@ -50,11 +50,42 @@ def _video_info(
     }
 
 
+def _add_stream(
+    container: av.container.OutputContainer, fps: int, size: tuple[int, int], info: dict
+) -> av.video.stream.VideoStream:
+    """A video stream in ``container`` with the encoder settings of a feature's info."""
+    stream = container.add_stream(info["video.encoder"], rate=fps)
+    stream.height, stream.width = size
+    if info["video.lossless"]:
+        stream.pix_fmt = "rgb24"
+        options = {"qp": "0"}
+    else:
+        stream.pix_fmt = info["video.pix_fmt"]
+        options = {"crf": str(info["video.crf"])}
+    if info["video.encoder"] in X264_ENCODERS:
+        # x264's macroblock-tree rate control reads memory it never set: the same frames gave
+        # up to 8 different files in 30 writes. Without it, one file.
+        options["x264-params"] = "mbtree=0"
+    stream.options = options
+    stream.codec_context.gop_size = fps  # a keyframe every second for random access
+    return stream
+
+
+def _encode(stream: av.video.stream.VideoStream, frames: np.ndarray, first: int) -> list:
+    """Encode ``uint8 [n, H, W, 3]`` frames at pts first, first + 1, ...; the packets so far."""
+    packets = []
+    for index, image in enumerate(frames):
+        frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+        frame.pts = first + index
+        packets += stream.encode(frame)
+    return packets
+
+
 class _VideoEncoder:
     """Packs the frames of consecutive episodes into one mp4 under a temporary name.
 
-    Each episode is encoded on its own (a fresh encoder, a keyframe first) and its packets are
-    copied after the file's, as LeRobot concatenates episode videos. An episode's decoded frames
+    Each lossy episode is encoded on its own (a fresh encoder, a keyframe first) and its packets
+    are copied after the file's, as LeRobot concatenates episode videos. An episode's decoded frames
     are then the same whichever file it lands in and whatever came before it there; the writer
     cuts files by wall-clock time, so one continuous stream would decode differently from run to
     run. ``finish`` renames the file to its final name, so a crash never leaves a truncated video
@@ -82,11 +113,19 @@ class _VideoEncoder:
         self.encoded_bytes = 0
         self._fps, self._size, self._info = fps, (height, width), info
         self._container = av.open(str(self.tmp_path), mode="w", format="mp4")
-        self._stream: av.video.stream.VideoStream | None = None  # from the first episode's
+        # Lossless frames decode to exactly what was written in any context, so lossless
+        # episodes go into one stream (PyAV < 16, which LeRobot 0.6 pins, opens H.264's default
+        # encoder for a stream copied from a template, and that encoder takes no gbrp frames).
+        lossless = info["video.lossless"]
+        self._stream = _add_stream(self._container, fps, self._size, info) if lossless else None
 
     def add(self, frames: np.ndarray) -> int:
         """Append ``uint8 [n, H, W, 3]`` frames; return the file frame index of the first one."""
         first = self.num_frames
+        if self._info["video.lossless"]:
+            self._mux(_encode(self._stream, frames, first))
+            self.num_frames += len(frames)
+            return first
         with av.open(self._encode_alone(frames), mode="r", format="mp4") as episode:
             source = episode.streams.video[0]
             if self._stream is None:
@@ -106,24 +145,8 @@ class _VideoEncoder:
         """``frames`` as an mp4 of their own, in memory, with the feature's encoder settings."""
         buffer = io.BytesIO()
         with av.open(buffer, mode="w", format="mp4") as container:
-            stream = container.add_stream(self._info["video.encoder"], rate=self._fps)
-            stream.height, stream.width = self._size
-            if self._info["video.lossless"]:
-                stream.pix_fmt = "rgb24"
-                options = {"qp": "0"}
-            else:
-                stream.pix_fmt = self._info["video.pix_fmt"]
-                options = {"crf": str(self._info["video.crf"])}
-            if self._info["video.encoder"] in X264_ENCODERS:
-                # x264's macroblock-tree rate control reads memory it never set: the same
-                # frames gave up to 8 different files in 30 writes. Without it, one file.
-                options["x264-params"] = "mbtree=0"
-            stream.options = options
-            stream.codec_context.gop_size = self._fps  # a keyframe every second for random access
-            for index, image in enumerate(frames):
-                frame = av.VideoFrame.from_ndarray(image, format="rgb24")
-                frame.pts = index
-                container.mux(stream.encode(frame))
+            stream = _add_stream(container, self._fps, self._size, self._info)
+            container.mux(_encode(stream, frames, 0))
             container.mux(stream.encode())
         buffer.seek(0)
         return buffer
@@ -135,6 +158,8 @@ class _VideoEncoder:
 
     def finish(self) -> str:
         """Flush the encoder, close the file, sync it, move it to its final name; its sha256."""
+        if self._info["video.lossless"]:
+            self._mux(self._stream.encode())
         self._container.close()
         with open(self.tmp_path, "rb") as file:
             digest = _sha256(file)
