@@ -116,16 +116,23 @@ class _VideoEncoder:
         # Lossless frames decode to exactly what was written in any context, so lossless
         # episodes go into one stream (PyAV < 16, which LeRobot 0.6 pins, opens H.264's default
         # encoder for a stream copied from a template, and that encoder takes no gbrp frames).
-        lossless = info["video.lossless"]
-        self._stream = _add_stream(self._container, fps, self._size, info) if lossless else None
+        self._lossless = info["video.lossless"]
+        self._stream = (
+            _add_stream(self._container, fps, self._size, info) if self._lossless else None
+        )
 
     def add(self, frames: np.ndarray) -> int:
         """Append ``uint8 [n, H, W, 3]`` frames; return the file frame index of the first one."""
         first = self.num_frames
-        if self._info["video.lossless"]:
+        if self._lossless:
             self._mux(_encode(self._stream, frames, first))
-            self.num_frames += len(frames)
-            return first
+        else:
+            self._copy_episode(frames, first)
+        self.num_frames += len(frames)
+        return first
+
+    def _copy_episode(self, frames: np.ndarray, first: int) -> None:
+        """Encode ``frames`` on their own; copy their packets in, shifted to start at ``first``."""
         with av.open(self._encode_alone(frames), mode="r", format="mp4") as episode:
             source = episode.streams.video[0]
             if self._stream is None:
@@ -138,8 +145,6 @@ class _VideoEncoder:
                 packet.dts += shift
                 packet.stream = self._stream
                 self._mux([packet])
-        self.num_frames += len(frames)
-        return first
 
     def _encode_alone(self, frames: np.ndarray) -> io.BytesIO:
         """``frames`` as an mp4 of their own, in memory, with the feature's encoder settings."""
@@ -158,7 +163,7 @@ class _VideoEncoder:
 
     def finish(self) -> str:
         """Flush the encoder, close the file, sync it, move it to its final name; its sha256."""
-        if self._info["video.lossless"]:
+        if self._lossless:
             self._mux(self._stream.encode())
         self._container.close()
         with open(self.tmp_path, "rb") as file:

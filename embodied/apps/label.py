@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from embodied.core.features import CAMERA_PREFIX, is_image_key
 from embodied.datasets import LeRobotDataset, LeRobotDatasetWriter
 from embodied.rewards.labels import label_trajectories
 
@@ -79,8 +80,8 @@ def run_label(
 def _check_camera(dataset: LeRobotDataset, camera: str | None) -> None:
     """Before any frame is decoded: ``camera`` must name one of the dataset's cameras
     (ValueError naming the cameras it has, or saying that its one camera has no name)."""
-    videos = [name for name, f in dataset.features.items() if f["dtype"] in ("video", "image")]
-    named = [name.removeprefix("observation.images.") for name in videos if "images." in name]
+    videos = [name for name in dataset.features if is_image_key(name)]
+    named = [name.removeprefix(CAMERA_PREFIX) for name in videos if name.startswith(CAMERA_PREFIX)]
     if camera is None or camera in named:
         return
     if not named:
