@@ -7,7 +7,9 @@ controller state: the observation is the whole robot state.
 
 Observations follow LeRobot's gym-env convention: ``pixels`` (one image, or a dict per camera) and
 ``agent_pos`` (grip-site xyz, gripper gap); ``obs_mode="state"`` replaces pixels by the privileged
-``environment_state`` and ``"pixels_state"`` gives all three.
+``environment_state`` and ``"pixels_state"`` gives all three. ``goal_state=True`` appends the goal,
+one-hot over ``task.all_goals()`` (values ``goal.<key>_<value>-...``), to ``environment_state``:
+what the instruction says, for state policies that read no language (LeRobot's diffusion policy).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
+from embodied.core.features import GOAL_PREFIX
 from embodied.sims.conventions import (
     BlowUpDetector,
     EpisodeGuard,
@@ -61,10 +64,16 @@ class TabletopEnv(gym.Env):
         action_scale: float = 0.02,
         terminate_on_success: bool = True,
         goal_cycle: bool = False,
+        goal_state: bool = False,
     ) -> None:
         if isinstance(task, str):
             task = get_task(task)()
         check_options(obs_mode, render_mode)
+        if goal_state and obs_mode == "pixels":
+            raise ValueError(
+                "goal_state=True adds the goal to environment_state, which obs_mode='pixels' "
+                "does not give; use obs_mode='state' or 'pixels_state'"
+            )
         cameras = checked_cameras(cameras, CAMERAS)
         height, width = image_shape(image_size)
 
@@ -74,6 +83,7 @@ class TabletopEnv(gym.Env):
         # Seed s -> layout of seed s // G with goal s % G (G goals): consecutive seeds show one
         # scene with every goal, so demonstrations only differ by what the instruction asks.
         self.goal_cycle = goal_cycle
+        self._goals = task.all_goals() if goal_state else []
 
         self.model = mujoco.MjModel.from_xml_path(str(ASSET))
         set_render_quality(self.model, fast=fast_render)
@@ -87,7 +97,7 @@ class TabletopEnv(gym.Env):
         self._robot_geom = self._geom_class == _ROBOT
 
         self.action_space = action_space()
-        state_dim = len(self.scene.environment_state())
+        state_dim = len(self.scene.environment_state()) + len(self._goals)
         self.observation_space = observation_space(obs_mode, cameras, height, width, state_dim)
 
         self.goal: dict[str, str] = {}
@@ -159,8 +169,15 @@ class TabletopEnv(gym.Env):
         """Names of the values of each state observation (what datasets record as ``names``)."""
         return {
             "agent_pos": ["ee.x", "ee.y", "ee.z", "gripper.gap"],
-            "environment_state": self.scene.environment_state_names(),
+            "environment_state": self.scene.environment_state_names() + self._goal_names(),
         }
+
+    def _goal_names(self) -> list[str]:
+        """``goal.block_red-plate_green`` per goal of ``goal_state`` (``goal.any``: no choice)."""
+        return [
+            GOAL_PREFIX + ("-".join(f"{k}_{v}" for k, v in goal.items()) or "any")
+            for goal in self._goals
+        ]
 
     def render(self) -> np.ndarray | None:
         """The first camera's image (``render_mode="rgb_array"``)."""
@@ -194,7 +211,11 @@ class TabletopEnv(gym.Env):
             images = {c: self._renderer.render(self.data, c) for c in self.cameras}
             obs["pixels"] = images[self.cameras[0]] if len(self.cameras) == 1 else images
         if self.obs_mode != "pixels":
-            obs["environment_state"] = scene.environment_state()
+            state = scene.environment_state()
+            if self._goals:
+                goal = np.array([g == self.goal for g in self._goals], dtype=np.float32)
+                state = np.concatenate([state, goal])
+            obs["environment_state"] = state
         return obs
 
     def _info(self, evaluation, collisions: int) -> dict[str, Any]:

@@ -187,6 +187,28 @@ def test_eval_refuses_bad_input_before_any_rollout(tmp_path: Path) -> None:
         run_eval(EvalConfig(episodes=2, videos=3, out=str(tmp_path / "r")))
 
 
+def test_eval_env_options_give_a_policy_without_names_the_goal(tmp_path: Path) -> None:
+    """A policy that records no value names (LeRobot's) and read the goal in the state needs
+    ``env.goal_state=true``; without it the state sizes differ and eval refuses it."""
+    from embodied.policies import make_policy
+
+    env = sims.make("PickPlace", obs_mode="state", goal_state=True)
+    size = env.observation_space["environment_state"].shape[0]
+    env.close()
+    policy = make_policy("mlp", state_dim=4, action_dim=4, env_state_dim=size)
+    policy.save_pretrained(tmp_path / "goal")
+    cfg = EvalConfig(policy=str(tmp_path / "goal"), tasks=["PickPlace"], episodes=1, videos=0,
+                     out=str(tmp_path / "r"))  # fmt: skip
+    with pytest.raises(ValueError, match=f"reads a {size}-D observation.environment_state"):
+        run_eval(cfg)
+    args = ["--tasks", "PickPlace", "--episodes", "1", "--videos", "0"]
+    args += ["--out", str(tmp_path / "ok")]
+    code = main(["eval", "--policy", str(tmp_path / "goal"), *args, "env.goal_state=true"])
+    assert code == 0
+    (result,) = json.loads(next((tmp_path / "ok").glob("*/results.json")).read_text())["results"]
+    assert result["episodes"] == 1
+
+
 def test_a_tabletop_policy_is_refused_on_metaworld_before_any_rollout(tmp_path: Path) -> None:
     """Same action and state sizes, other state values: the names tell them apart."""
     pytest.importorskip("metaworld")

@@ -150,6 +150,35 @@ def test_goal_cycle_shows_one_layout_with_every_goal():
     env.close()
 
 
+def test_goal_state_says_in_the_state_what_the_instruction_says():
+    """For policies that read no language: one value per goal, 1 at the episode's goal."""
+    env = sims.make("PickPlace", obs_mode="state", goal_state=True)
+    plain = sims.make("PickPlace", obs_mode="state")
+    goals = env.unwrapped.task.all_goals()
+    names = env.unwrapped.feature_names["environment_state"]
+    assert names[: -len(goals)] == plain.unwrapped.feature_names["environment_state"]
+    assert names[-len(goals) :] == [f"goal.block_{g['block']}-plate_{g['plate']}" for g in goals]
+    assert env.observation_space["environment_state"].shape == (len(names),)
+    seen = set()
+    for seed in range(12):
+        obs, _ = env.reset(seed=seed)
+        reference, _ = plain.reset(seed=seed)
+        state = obs["environment_state"]
+        np.testing.assert_array_equal(state[: -len(goals)], reference["environment_state"])
+        (hot,) = np.flatnonzero(state[-len(goals) :])
+        assert state[-len(goals) + hot] == 1.0
+        goal = goals[hot]
+        assert goal == env.unwrapped.goal
+        assert goal["block"] in env.unwrapped.instruction
+        assert goal["plate"] in env.unwrapped.instruction
+        seen.add(hot)
+    assert len(seen) > 1
+    with pytest.raises(ValueError, match="goal_state=True adds the goal to environment_state"):
+        sims.make("PickPlace", obs_mode="pixels", goal_state=True)
+    env.close()
+    plain.close()
+
+
 def test_different_seeds_give_different_images():
     env = sims.make("PickPlace", image_size=48)
     try:

@@ -61,6 +61,7 @@ class CollectConfig:
     lossless: bool = False
     fps: int = setting(16, low=1)
     goal_cycle: bool = False  # tabletop: seed s = layout s // G with goal s % G (every goal)
+    goal_state: bool = False  # tabletop: the goal, one-hot, at the end of environment_state
     # End an episode at its first success (the tabletop default; Meta-World would run on to 500
     # steps and may undo the success, which then no longer counts for the episode).
     terminate_on_success: bool = True
@@ -167,12 +168,13 @@ def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
         "cameras": cfg.cameras,
         "terminate_on_success": cfg.terminate_on_success,
     }
+    goals = {k: True for k in ("goal_cycle", "goal_state") if getattr(cfg, k)}
     if cfg.task.startswith("metaworld/"):
         env_kwargs.pop("cameras")  # Meta-World has its own camera names and default
-        if cfg.goal_cycle:
-            raise ValueError("goal_cycle is a tabletop option; Meta-World tasks have one goal")
-    elif cfg.goal_cycle:
-        env_kwargs["goal_cycle"] = True
+        if goals:
+            names = ", ".join(goals)
+            raise ValueError(f"{names}: tabletop options; Meta-World tasks have one goal")
+    env_kwargs |= goals
     vec = None
     finished = False
     bar = progress_bar(total=cfg.episodes, desc=f"collect {cfg.task}")

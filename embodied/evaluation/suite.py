@@ -149,6 +149,7 @@ class EvalConfig:
     seed: int = seed_setting(100_000)  # held out: demonstrations use seeds from 0
     videos: int = setting(1, low=0)  # episodes per task saved as MP4 (instruction, progress)
     sample: bool = False  # a saved policy samples as in RL rollouts instead of acting greedily
+    env: dict[str, Any] = field(default_factory=dict)  # env options on top of the policy's
     workers: int = setting(1, low=1)
     image_size: int = setting(128, low=8, high=4096)  # video size for state-only policies
     fps: int = setting(16, low=1)
@@ -218,7 +219,7 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
         env_options(policy.observation_spec)
         if policy is not None
         else {"obs_mode": "state", "image_size": cfg.image_size}
-    )
+    ) | dict(cfg.env)
     if env_kwargs.get("obs_mode") == "state":
         env_kwargs["image_size"] = cfg.image_size  # only renders for the videos
     env_kwargs["terminate_on_success"] = True  # Meta-World would run on to 500 steps

@@ -11,6 +11,7 @@ import gymnasium as gym
 from embodied.core.features import (
     CAMERA_PREFIX,
     ENV_STATE_KEY,
+    GOAL_PREFIX,
     IMAGE_KEY,
     STATE_KEY,
     ActionSpec,
@@ -24,9 +25,12 @@ def env_options(spec: ObservationSpec) -> dict[str, Any]:
     and nothing else: no camera for a state-only policy, no privileged state for a pixel policy.
 
     A single ``observation.image`` names no camera: the env's default camera (tabletop
-    ``front``, Meta-World ``corner2``) is the one that produced it, so no camera is passed."""
+    ``front``, Meta-World ``corner2``) is the one that produced it, so no camera is passed.
+    State values named ``goal.*`` ask for the goal in the state (``goal_state``)."""
+    reads_goal = any(n.startswith(GOAL_PREFIX) for n in spec.env_state_names)
+    goal = {"goal_state": True} if reads_goal else {}
     if not spec.cameras:
-        return {"obs_mode": "state"}
+        return {"obs_mode": "state", **goal}
     keys = list(spec.cameras)
     sizes = {tuple(spec.cameras[k]) for k in keys}
     if len(sizes) > 1:
@@ -37,7 +41,7 @@ def env_options(spec: ObservationSpec) -> dict[str, Any]:
     }
     if keys != [IMAGE_KEY]:
         options["cameras"] = [camera_name(k) for k in keys]
-    return options
+    return options | goal
 
 
 def camera_name(key: str) -> str:

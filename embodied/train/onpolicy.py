@@ -40,6 +40,8 @@ class OnPolicyConfig:
     name: str = "onpolicy"
     out: str = "runs"
     policy_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. min_std, temperature
+    env: dict[str, Any] = field(default_factory=dict)  # env options on top of the policy's, e.g.
+    # goal_state=true for a LeRobot policy trained on the goal in the state (it saves no names)
     reward: str = setting("learned", choices=REWARD_TYPES)  # learned | judge | privileged | success
     reward_model: str = ""  # learned: a saved progress model; judge: a local VLM directory
     reward_frames: int = setting(8, low=2)  # observations a learned model or judge scores
@@ -84,10 +86,13 @@ def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> A
     return policy.to(device)
 
 
-def env_kwargs(policy: Any, reward_model: RewardModel) -> dict[str, Any]:
-    """Env options giving the policy its inputs and a frame-reading reward model its camera (the
-    first one: ``front`` on the tabletop) at its size."""
-    kwargs = env_options(policy.observation_spec)
+def env_kwargs(
+    policy: Any, reward_model: RewardModel, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Env options giving the policy its inputs (plus ``extra``, the config's ``env``) and a
+    frame-reading reward model its camera (the first one: ``front`` on the tabletop) at its
+    size."""
+    kwargs = env_options(policy.observation_spec) | dict(extra or {})
     size = reward_model.image_size
     if size is not None:
         if kwargs["obs_mode"] == "state":
