@@ -141,6 +141,22 @@ def lerobot_append(root: Path, frames: dict, task: str) -> None:
     recorder.finalize()
 
 
+def test_lerobot_rereads_after_an_append_with_the_object_stats_patched(copy_of) -> None:
+    """The second append error on its own: with ``object_pos`` stats patched to LeRobot's (3,),
+    LeRobot's re-read still failed on image stats stored flat ("Couldn't cast list<list<double>>
+    to double"); they are nested (3, 1, 1), as LeRobot nests them."""
+    root = copy_of("two-cameras")
+    path = root / "meta/stats.json"
+    stats = json.loads(path.read_text())
+    for stat, value in stats["object_pos"].items():
+        if stat != "count" and np.ndim(value) == 2:
+            stats["object_pos"][stat] = value[0]
+    path.write_text(json.dumps(stats))
+    before = LeRobotDataset(root).num_episodes
+    lerobot_append(root, LeRobotDataset(root).episode_frames(0), "appended by LeRobot")
+    assert lerobot_dataset(root).num_episodes == before + 1
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_lerobot_appends_and_both_read_the_result(copy_of, kind: str) -> None:
     root = copy_of(kind)

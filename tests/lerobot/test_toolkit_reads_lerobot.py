@@ -6,6 +6,8 @@ camera and the state ("plain"), plus an image camera stored as PNG structs ("ima
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +93,20 @@ def test_info_and_validate(recorded, capsys) -> None:
     assert main(["dataset", "validate", str(root)]) == 0
     with pytest.raises(DatasetError, match="episode 0 records no success"):
         LeRobotDataset(root).episode_success()
+
+
+@pytest.mark.parametrize("recorded", ["2d"], indirect=True)
+@pytest.mark.parametrize("command", ["validate", "info"])
+def test_a_fresh_cli_process_reads_a_2d_feature(recorded, command: str) -> None:
+    """As a user runs it: without Hugging Face ``datasets`` imported (its Array2D type is then
+    unknown to pyarrow) the 2-D column was refused as ``object [1]``."""
+    _, root = recorded
+    code = f"import sys; from embodied.apps.cli import main; sys.exit(main(['dataset', '{command}', sys.argv[1]]))"  # noqa: E501
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", code, str(root)], capture_output=True, text=True
+    )  # noqa: E501
+    assert done.returncode == 0, done.stderr[-300:]
+    assert "object [1]" not in done.stdout + done.stderr
 
 
 def test_frames_are_what_lerobot_recorded_and_reads(recorded) -> None:
