@@ -7,9 +7,11 @@ controller state: the observation is the whole robot state.
 
 Observations follow LeRobot's gym-env convention: ``pixels`` (one image, or a dict per camera) and
 ``agent_pos`` (grip-site xyz, gripper gap); ``obs_mode="state"`` replaces pixels by the privileged
-``environment_state`` and ``"pixels_state"`` gives all three. ``goal_state=True`` appends the goal,
-one-hot over ``task.all_goals()`` (values ``goal.<key>_<value>-...``), to ``environment_state``:
-what the instruction says, for state policies that read no language (LeRobot's diffusion policy).
+``environment_state`` and ``"pixels_state"`` gives all three. ``goal_state=True`` appends what the
+instruction names, as Meta-World's observations do: the position of the object to act on (the
+task's first target body) and of the point the task is about (``goal_pos``: the plate, the spot
+on the base block, the cap), values ``goal.object_x .. goal.target_z``. It serves state policies
+that read no language (LeRobot's diffusion policy).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from embodied.sims.scene import ASSET, BLOCKS, BUTTONS, FINGER_MAX, PLATES, Scen
 from embodied.sims.tasks.base import Task
 
 CAMERAS = ("front", "wrist")
+# goal_state's values: the object to act on, then the point the task is about.
+GOAL_NAMES = [f"{GOAL_PREFIX}{what}_{q}" for what in ("object", "target") for q in "xyz"]
 WORKSPACE_LOW = np.array([-0.3, -0.28, 0.015])
 WORKSPACE_HIGH = np.array([0.3, 0.28, 0.3])
 TABLE_FORCE_LIMIT = 10.0  # newtons: robot-table contacts above this count as collisions
@@ -83,7 +87,7 @@ class TabletopEnv(gym.Env):
         # Seed s -> layout of seed s // G with goal s % G (G goals): consecutive seeds show one
         # scene with every goal, so demonstrations only differ by what the instruction asks.
         self.goal_cycle = goal_cycle
-        self._goals = task.all_goals() if goal_state else []
+        self.goal_state = goal_state
 
         self.model = mujoco.MjModel.from_xml_path(str(ASSET))
         set_render_quality(self.model, fast=fast_render)
@@ -97,7 +101,7 @@ class TabletopEnv(gym.Env):
         self._robot_geom = self._geom_class == _ROBOT
 
         self.action_space = action_space()
-        state_dim = len(self.scene.environment_state()) + len(self._goals)
+        state_dim = len(self.scene.environment_state()) + len(GOAL_NAMES) * goal_state
         self.observation_space = observation_space(obs_mode, cameras, height, width, state_dim)
 
         self.goal: dict[str, str] = {}
@@ -133,7 +137,7 @@ class TabletopEnv(gym.Env):
         self._steps = 0
         self._guard.update(terminated=False, truncated=False)
         evaluation = self.task.evaluate(self.scene, self.goal)
-        return self._observation(), self._info(evaluation, collisions=0)
+        return self._observation(evaluation), self._info(evaluation, collisions=0)
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Apply one 4-D action for ``frame_skip`` physics steps."""
@@ -151,33 +155,28 @@ class TabletopEnv(gym.Env):
         error = self._blow_up.error(self._steps)
         if error is not None:
             # MuJoCo has already reset the state; end the episode and say why.
-            info = self._info(self.task.evaluate(self.scene, self.goal), collisions=0)
+            evaluation = self.task.evaluate(self.scene, self.goal)
+            info = self._info(evaluation, collisions=0)
             info["success"] = False
             info["error"] = error
             self._guard.update(terminated=False, truncated=True)
-            return self._observation(), 0.0, False, True, info
+            return self._observation(evaluation), 0.0, False, True, info
 
         evaluation = self.task.evaluate(self.scene, self.goal)
         reward = float(evaluation.success)
         terminated = bool(evaluation.success and self.terminate_on_success)
         self._guard.update(terminated, truncated=False)
         info = self._info(evaluation, collisions=self._count_collisions())
-        return self._observation(), reward, terminated, False, info
+        return self._observation(evaluation), reward, terminated, False, info
 
     @property
     def feature_names(self) -> dict[str, list[str]]:
         """Names of the values of each state observation (what datasets record as ``names``)."""
         return {
             "agent_pos": ["ee.x", "ee.y", "ee.z", "gripper.gap"],
-            "environment_state": self.scene.environment_state_names() + self._goal_names(),
+            "environment_state": self.scene.environment_state_names()
+            + (GOAL_NAMES if self.goal_state else []),
         }
-
-    def _goal_names(self) -> list[str]:
-        """``goal.block_red-plate_green`` per goal of ``goal_state`` (``goal.any``: no choice)."""
-        return [
-            GOAL_PREFIX + ("-".join(f"{k}_{v}" for k, v in goal.items()) or "any")
-            for goal in self._goals
-        ]
 
     def render(self) -> np.ndarray | None:
         """The first camera's image (``render_mode="rgb_array"``)."""
@@ -202,7 +201,7 @@ class TabletopEnv(gym.Env):
         return np.clip(command, -1.0, 1.0).astype(np.float32)
 
     # --- internals -----------------------------------------------------------------------------
-    def _observation(self) -> dict[str, Any]:
+    def _observation(self, evaluation: Any) -> dict[str, Any]:
         scene = self.scene
         agent_pos = np.empty(4, dtype=np.float32)
         agent_pos[:3], agent_pos[3] = scene.ee_pos(), scene.gripper_gap()
@@ -212,9 +211,10 @@ class TabletopEnv(gym.Env):
             obs["pixels"] = images[self.cameras[0]] if len(self.cameras) == 1 else images
         if self.obs_mode != "pixels":
             state = scene.environment_state()
-            if self._goals:
-                goal = np.array([g == self.goal for g in self._goals], dtype=np.float32)
-                state = np.concatenate([state, goal])
+            if self.goal_state:
+                body = self.model.body(self.task.target_bodies(self.goal)[0]).id
+                goal = [self.data.xpos[body], evaluation.goal_pos]
+                state = np.concatenate([state, *goal], dtype=np.float32)
             obs["environment_state"] = state
         return obs
 

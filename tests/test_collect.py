@@ -225,5 +225,5 @@ def test_suite_and_eval_env_options_follow_the_policy_inputs() -> None:
     }
     assert env_options(ObservationSpec(state_dim=4)) == {"obs_mode": "state"}
     # A policy trained with the goal in the state gets it again.
-    goal = ObservationSpec(env_state_dim=2, env_state_names=("drawer.opening", "goal.any"))
+    goal = ObservationSpec(env_state_dim=2, env_state_names=("drawer.opening", "goal.object_x"))
     assert env_options(goal) == {"obs_mode": "state", "goal_state": True}
