@@ -61,7 +61,7 @@ class CollectConfig:
     lossless: bool = False
     fps: int = setting(16, low=1)
     goal_cycle: bool = False  # tabletop: seed s = layout s // G with goal s % G (every goal)
-    goal_state: bool = False  # tabletop: the goal, one-hot, at the end of environment_state
+    goal_state: bool = False  # tabletop: the named object and goal point in environment_state
     # End an episode at its first success (the tabletop default; Meta-World would run on to 500
     # steps and may undo the success, which then no longer counts for the episode).
     terminate_on_success: bool = True

@@ -20,7 +20,7 @@ STATE_KEY = "observation.state"  # proprioception (the env's ``agent_pos``)
 ENV_STATE_KEY = "observation.environment_state"  # privileged simulator state (object poses)
 IMAGE_KEY = "observation.image"  # a single camera
 CAMERA_PREFIX = "observation.images."  # one of several cameras: observation.images.<camera>
-GOAL_PREFIX = "goal."  # environment_state values naming the episode's goal (one-hot)
+GOAL_PREFIX = "goal."  # environment_state values locating what the instruction names
 
 
 def is_image_key(key: str) -> bool:
