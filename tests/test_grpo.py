@@ -335,6 +335,11 @@ def test_grpo_refuses_bad_settings(saved, tmp_path: Path) -> None:
         train_grpo(_cfg(saved, tmp_path, group_size=1))
     with pytest.raises(ValueError, match=r"policy_overrides names \['temperature'\]"):
         train_grpo(_cfg(saved, tmp_path, policy_overrides={"temperature": 1.6}))
+    # ``env`` options reach the env: the goal adds 6 state values this 39-D policy never read.
+    with pytest.raises(
+        ValueError, match="reads a 39-D observation.environment_state, Reach gives 45-D"
+    ):
+        train_grpo(_cfg(saved, tmp_path, env={"goal_state": True}))
 
 
 def test_grpo_refuses_a_tabletop_policy_on_metaworld_before_any_rollout(tmp_path: Path) -> None:
