@@ -16,6 +16,7 @@ if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
     os.environ.setdefault("MUJOCO_GL", "egl")
 
 from embodied.sims.registry import (  # noqa: E402
+    check_env_options,
     list_tasks,
     make,
     make_expert,
@@ -33,6 +34,7 @@ from embodied.sims.tasks import reach, push, pick_place, stack, drawer_open, but
 
 __all__ = [
     "Task",
+    "check_env_options",
     "grouped_seeds",
     "list_tasks",
     "make",

@@ -8,10 +8,12 @@ it gives every task the Gymnasium id ``embodied/<name>-v0``.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import load_env_creator
 
 from embodied.sims.tasks.base import Task
 
@@ -19,6 +21,7 @@ METAWORLD_PREFIX = "metaworld/"
 _TABLETOP_ENTRY_POINT = "embodied.sims.tabletop:TabletopEnv"  # a string: no MuJoCo import here
 _TASKS: dict[str, type[Task]] = {}  # tabletop task name -> class, in registration order
 TaskClass = TypeVar("TaskClass", bound=type[Task])
+_MAKE_KEYWORDS = {"max_episode_steps", "disable_env_checker"}  # gym.make's own, beside the env's
 
 if "embodied/MetaWorld-v0" not in gym.registry:
     gym.register(id="embodied/MetaWorld-v0", entry_point="embodied.sims.metaworld:MetaWorldEnv")
@@ -115,8 +118,27 @@ def list_tasks(suite: str = "tabletop") -> list[str]:
     raise ValueError(f"unknown suite {suite!r}; available: tabletop, metaworld")
 
 
+def check_env_options(task: str, options: Mapping[str, Any]) -> None:
+    """Refuse, before anything is built, options the task's env does not take: a ValueError
+    naming them and the ones it takes (its constructor's keywords and ``gym.make``'s)."""
+    if task.startswith(METAWORLD_PREFIX):
+        env_id = "embodied/MetaWorld-v0"
+    else:
+        env_id = task_id(get_task(task).name)
+    env_class = load_env_creator(gym.spec(env_id).entry_point)
+    accepted = (set(inspect.signature(env_class).parameters) - {"task"}) | _MAKE_KEYWORDS
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise ValueError(
+            f"{task} takes no env option {', '.join(unknown)}; "
+            f"its options: {', '.join(sorted(accepted))}"
+        )
+
+
 def make(task: str, **kwargs: Any) -> gym.Env:
-    """Build one environment from a task name (``PickPlace``, ``metaworld/reach-v3``) or an id."""
+    """Build one environment from a task name (``PickPlace``, ``metaworld/reach-v3``) or an id;
+    unknown options are refused by name (``check_env_options``)."""
+    check_env_options(task, kwargs)
     if task.startswith(METAWORLD_PREFIX):
         # Meta-World enforces its own episode limit: hand it over rather than wrap a TimeLimit.
         if "max_episode_steps" in kwargs:

@@ -201,6 +201,16 @@ def test_eval_env_options_give_a_policy_without_names_the_goal(tmp_path: Path) -
                      out=str(tmp_path / "r"))  # fmt: skip
     with pytest.raises(ValueError, match=f"reads a {size}-D observation.environment_state"):
         run_eval(cfg)
+    cfg.env = {"goal_sate": True}  # a misspelt option: refused by name, before any run directory
+    with pytest.raises(ValueError, match="PickPlace takes no env option goal_sate"):
+        run_eval(cfg)
+    assert not (tmp_path / "r").exists()
+    expert = EvalConfig(
+        tasks=["Reach"], episodes=1, videos=0, env={"nope": 1}, out=str(tmp_path / "r")
+    )
+    with pytest.raises(ValueError, match="Reach takes no env option nope"):
+        run_eval(expert)  # the scripted expert too: no policy check, the options are checked
+    assert not (tmp_path / "r").exists()
     args = ["--tasks", "PickPlace", "--episodes", "1", "--videos", "0"]
     args += ["--out", str(tmp_path / "ok")]
     code = main(["eval", "--policy", str(tmp_path / "goal"), *args, "env.goal_state=true"])

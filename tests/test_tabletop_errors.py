@@ -26,6 +26,13 @@ def test_invalid_env_kwargs_are_rejected():
         sims.make("Reach", obs_mode="depth")
     with pytest.raises(ValueError, match="cameras"):
         sims.make("Reach", cameras=("top",))
+    # An option no env takes is named with the ones it does, not a TypeError from Gymnasium.
+    with pytest.raises(
+        ValueError, match=r"Reach takes no env option colour; its options: .*obs_mode"
+    ):
+        sims.make("Reach", colour="red")
+    with pytest.raises(ValueError, match="Push takes no env option nope"):
+        sims.make_vec_env("Push", 2, nope=1)
 
 
 @pytest.mark.parametrize(

@@ -223,7 +223,9 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
     if env_kwargs.get("obs_mode") == "state":
         env_kwargs["image_size"] = cfg.image_size  # only renders for the videos
     env_kwargs["terminate_on_success"] = True  # Meta-World would run on to 500 steps
-    if policy is not None:  # refuse every task up front, before any rollout
+    for task in tasks:  # refuse bad options and every task up front, before the run directory
+        sims.check_env_options(task, env_kwargs)
+    if policy is not None:
         for task in tasks:
             env = sims.make(task, **env_kwargs)
             try:
