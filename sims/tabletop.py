@@ -38,7 +38,7 @@ from embodied.sims.conventions import (
 from embodied.sims.registry import get_task
 from embodied.sims.render import CameraRenderer, set_render_quality
 from embodied.sims.scene import ASSET, BLOCKS, BUTTONS, FINGER_MAX, PLATES, Scene
-from embodied.sims.tasks.base import Task
+from embodied.sims.tasks.base import Evaluation, Task
 
 CAMERAS = ("front", "wrist")
 # goal_state's values: the object to act on, then the point the task is about.
@@ -131,6 +131,11 @@ class TabletopEnv(gym.Env):
             if self.task.layout_ok(self.scene, self.goal):
                 break
         self.instruction = self.task.instruction(self.goal, rng)
+        if self.goal_state:  # its object is fixed for the episode: look it up once, not per step
+            bodies = self.task.target_bodies(self.goal)
+            if not bodies:
+                raise ValueError(f"goal_state=True: {self.task.name} names no target body")
+            self._goal_body = self.model.body(bodies[0]).id
         self._mark_targets()
         self.task.on_reset(self.scene, self.goal)
         mujoco.mj_forward(self.model, self.data)
@@ -201,7 +206,7 @@ class TabletopEnv(gym.Env):
         return np.clip(command, -1.0, 1.0).astype(np.float32)
 
     # --- internals -----------------------------------------------------------------------------
-    def _observation(self, evaluation: Any) -> dict[str, Any]:
+    def _observation(self, evaluation: Evaluation) -> dict[str, Any]:
         scene = self.scene
         agent_pos = np.empty(4, dtype=np.float32)
         agent_pos[:3], agent_pos[3] = scene.ee_pos(), scene.gripper_gap()
@@ -212,8 +217,7 @@ class TabletopEnv(gym.Env):
         if self.obs_mode != "pixels":
             state = scene.environment_state()
             if self.goal_state:
-                body = self.model.body(self.task.target_bodies(self.goal)[0]).id
-                goal = [self.data.xpos[body], evaluation.goal_pos]
+                goal = [self.data.xpos[self._goal_body], evaluation.goal_pos]
                 state = np.concatenate([state, *goal], dtype=np.float32)
             obs["environment_state"] = state
         return obs
