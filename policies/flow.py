@@ -32,7 +32,7 @@ Sampling (``act``, the chain of ``policies/sampler.py``): a plain Euler integrat
 
 - ``deterministic=True``: ``x_0 = 0`` and ``x_{k+1} = mean_k`` (no noise), so the actions are a
   function of the observation alone.
-- ``deterministic=False`` (the RL mode, ReinFlow): ``x_0 ~ N(0, I)``; the first
+- ``deterministic=False`` (the RL mode, ReinFlow): ``x_0 ~ N(0, init_noise^2 I)``; the first
   ``K - finetune_steps`` steps are Euler steps, and each of the last ``finetune_steps`` (default:
   all K, ReinFlow's ``learn_explore_noise_from = 0``) is a Gaussian::
 

@@ -18,7 +18,7 @@ Euler step (flow matching), over ``K`` uniform times ``tau_k = k / K``, ``dt = 1
 
     mean_k = x_k + v_theta(x_k, tau_k, cond) dt
 
-Chain (``run_chain``): from ``x`` (zeros when deterministic, else ``N(0, I)``), the first
+Chain (``run_chain``): from ``x`` (zeros when deterministic, else the planner's draw), the first
 ``N - K`` steps are noiseless (DDIM with ``eta = 0``; Euler), and each of the last
 ``K = finetune_steps`` steps is a Gaussian ``x_next ~ N(mean, std^2 I)`` given by the planner
 (DDIM: ``mean = mu`` with ``eta = ddim_eta``, ``std = max(sigma_t, min_std)``; flow: the Euler mean

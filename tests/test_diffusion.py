@@ -251,6 +251,25 @@ def test_dppo_log_prob_recomputes_and_has_gradients():
     assert all(p.grad is None for p in policy.ema_model.parameters())
 
 
+def test_init_noise_zero_samples_around_the_greedy_chain():
+    """RL with init_noise = 0 explores around (and trains) the chain greedy evaluation runs: the
+    sampled chain starts at the deterministic chain's zeros, its log-probs still recompute, and
+    with the steps' noise shrunk it gives the greedy actions; DPPO's N(0, I) start does not."""
+    obs = observations()
+    greedy = tiny_policy(min_std=1e-4).act(obs, INSTRUCTIONS, deterministic=True)
+    first_tuned = greedy.policy_outputs["chain"][:, 0]  # after the noiseless steps from zeros
+    for init_noise, close in ((0.0, True), (1.0, False)):
+        policy = tiny_policy(min_std=1e-4, ddim_eta=0.0, init_noise=init_noise)
+        out = policy.act(obs, INSTRUCTIONS, generator=torch.Generator().manual_seed(0))
+        assert torch.equal(out.policy_outputs["chain"][:, 0], first_tuned) == close
+        assert torch.allclose(out.actions, greedy.actions, atol=1e-3) == close
+        recomputed = policy.log_prob(obs, INSTRUCTIONS, out.policy_outputs)
+        expected = out.policy_outputs["log_probs"]
+        torch.testing.assert_close(recomputed, expected, atol=1e-2, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"init_noise=-0.5"):
+        tiny_config(init_noise=-0.5)
+
+
 def test_log_prob_rejects_a_wrong_chain():
     policy = tiny_policy()
     obs = observations()

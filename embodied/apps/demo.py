@@ -87,12 +87,17 @@ def _grpo() -> dict[str, Any]:
         "groups": 8,
         "group_size": 4,
         "max_refills": 0,
-        # The stochastic steps are DDIM's eta = 0 updates (the chain greedy evaluation runs)
-        # plus the min_std floor, not DPPO's eta = 1 steps, which sample a wider chain than the
-        # one the report evaluates (93% vs greedy 85%). Each ratio element is one denoising step
-        # over the whole chunk, so at lr 3e-5 the first iteration already clipped 60% of them;
-        # 1e-5, held constant, clipped 23% in the first iteration and 3-12% after.
-        "policy_overrides": {"min_std": 0.1, "finetune_steps": 10, "ddim_eta": 0.0},
+        # RL samples the chain the report evaluates, plus noise: it starts at the greedy chain's
+        # zeros (init_noise 0; DPPO's x_T ~ N(0, I) trains a chain that scores 69% sampled while
+        # greedy moves by drift alone) and takes DDIM's eta = 0 steps with the min_std floor.
+        # Each ratio element is one denoising step over the whole chunk, so at lr 3e-5 the first
+        # iteration already clipped 60% of them; 1e-5, held constant, clips 5-25%.
+        "policy_overrides": {
+            "min_std": 0.1,
+            "finetune_steps": 10,
+            "ddim_eta": 0.0,
+            "init_noise": 0.0,
+        },
         "optim": {"lr": 1e-5, "weight_decay": 0.0, "warmup_steps": 0, "schedule": "constant"},
         "eval_episodes": 0,
         "save_every": 5,

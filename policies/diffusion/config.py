@@ -67,6 +67,9 @@ class DiffusionConfig:
     ddim_eta: float = 1.0  # eta of the stochastic (RL) steps
     min_std: float = 0.1  # DPPO exploration floor on each stochastic step's std
     finetune_steps: int | None = None  # last K denoising steps that are stochastic; None = all
+    # std of the chain's start x_T when sampling (RL): 1 is DPPO's N(0, I); 0 starts at the zeros
+    # the deterministic chain starts from, so RL explores around (and trains) the greedy chain
+    init_noise: float = 1.0
     ema_decay: float = 0.995
 
     def __post_init__(self) -> None:
@@ -148,6 +151,8 @@ class DiffusionConfig:
                 f"{name} needs 0 < ema_decay < 1, min_std > 0, ddim_eta >= 0; got "
                 f"{self.ema_decay}, {self.min_std}, {self.ddim_eta}"
             )
+        if not self.init_noise >= 0:
+            raise ValueError(f"{name}.init_noise={self.init_noise} must be >= 0")
 
     def _check_vision(self) -> None:
         """Camera-encoder and auxiliary-state settings that can work together."""

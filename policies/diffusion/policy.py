@@ -17,7 +17,7 @@ is written out in ``policies/sampler.py``):
 
 - ``deterministic=True``: ``x_T = 0`` and every step is the ``eta = 0`` update ``x_prev = mu``,
   so the actions are a function of the observation alone (DDIM's deterministic sampler).
-- ``deterministic=False`` (the RL mode, DPPO): ``x_T ~ N(0, I)``; the first
+- ``deterministic=False`` (the RL mode, DPPO): ``x_T ~ N(0, init_noise^2 I)``; the first
   ``N - finetune_steps`` steps are ``eta = 0`` mean updates, and each of the last
   ``K = finetune_steps`` steps is a Gaussian with ``eta = ddim_eta`` (default 1, DPPO's DDIM
   fine-tuning)::
@@ -25,7 +25,10 @@ is written out in ``policies/sampler.py``):
       x_prev ~ N(mu, std_t^2 I),   std_t = max(sigma_t, min_std)
 
   ``min_std`` is DPPO's exploration floor; it also keeps the last step (``sigma = 0``) a proper
-  Gaussian. The decision's log-probability is the exact sum over the K steps and over every
+  Gaussian. ``init_noise = 1`` is DPPO's start; ``init_noise = 0`` starts at the deterministic
+  chain's zeros, so the sampled chain is the greedy one plus the steps' noise and RL improves the
+  chain greedy evaluation runs (x_T has no parameters, so it is no term of the log-probability).
+  The decision's log-probability is the exact sum over the K steps and over every
   (horizon, action) dimension of ``log N(x_prev; mu, std_t^2)``. ``policy_outputs`` records
   ``chain`` ``[B, K+1, horizon, A]`` (normalised ``x`` before the first fine-tuned step, then after
   each), ``timesteps`` ``[B, K]`` (the ``t`` of each fine-tuned step) and ``log_probs`` ``[B, K]``.
@@ -395,7 +398,7 @@ class DiffusionPolicy(ChunkedPolicy, NormalizedPolicy):
     ) -> ActionOutput:
         """Sample a chunk: ``actions [B, n_action_steps, A]`` (raw), ``log_prob [B]``, and the
         ``chain`` / step times / per-step ``log_probs`` in ``policy_outputs``; the chain starts
-        at zeros when deterministic, else at ``N(0, I)`` from ``generator``."""
+        at zeros when deterministic, else at ``N(0, init_noise^2 I)`` from ``generator``."""
         self.check_inputs(obs)
         net = self._net()
         cond = self.global_cond(net, obs, instructions)
@@ -403,7 +406,7 @@ class DiffusionPolicy(ChunkedPolicy, NormalizedPolicy):
         if deterministic:
             x = torch.zeros(shape, device=cond.device)
         else:
-            x = randn(shape, generator, device=cond.device)
+            x = self.config.init_noise * randn(shape, generator, device=cond.device)
         chain = run_chain(
             x,
             self.sampling_times,
