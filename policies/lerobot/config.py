@@ -26,7 +26,7 @@ FINETUNING_NAME = "embodied_finetuning.json"
 PREPROCESSOR_NAME = "policy_preprocessor.json"
 POSTPROCESSOR_NAME = "policy_postprocessor.json"
 SUPPORTED_TYPES = ("diffusion",)
-RL_SETTINGS = ("finetune_steps", "min_std", "ddim_eta")
+RL_SETTINGS = ("finetune_steps", "min_std", "ddim_eta", "init_noise")
 
 
 def is_lerobot_config(config: dict[str, Any]) -> bool:
@@ -40,7 +40,8 @@ class LeRobotPolicyConfig:
 
     ``finetune_steps`` of the last denoising steps are stochastic and recorded (None: all of
     them); each samples ``N(mean, max(sigma, min_std)^2)`` in LeRobot's normalised action space,
-    DDIM steps with ``eta = ddim_eta`` (``policies/lerobot/chain.py``).
+    DDIM steps with ``eta = ddim_eta`` (``policies/lerobot/chain.py``), from ``x_T ~ N(0,
+    init_noise^2 I)``: 0 starts where deterministic acting starts, so RL trains the greedy chain.
     """
 
     lerobot: dict[str, Any] = field(default_factory=dict)  # LeRobot's config.json, with "type"
@@ -49,6 +50,7 @@ class LeRobotPolicyConfig:
     finetune_steps: int | None = None
     min_std: float = 0.1
     ddim_eta: float = 1.0
+    init_noise: float = 1.0
 
     def __post_init__(self) -> None:
         kind = self.lerobot.get("type")
@@ -66,10 +68,10 @@ class LeRobotPolicyConfig:
                 f"LeRobotPolicyConfig.finetune_steps must be an int in [1, {steps}] (the "
                 f"policy's denoising steps), got {self.finetune_steps!r}"
             )
-        if not self.min_std > 0 or not self.ddim_eta >= 0:
+        if not self.min_std > 0 or not self.ddim_eta >= 0 or not self.init_noise >= 0:
             raise ValueError(
-                f"LeRobotPolicyConfig needs min_std > 0 and ddim_eta >= 0, got {self.min_std}, "
-                f"{self.ddim_eta}"
+                "LeRobotPolicyConfig needs min_std > 0, ddim_eta >= 0 and init_noise >= 0, got "
+                f"{self.min_std}, {self.ddim_eta}, {self.init_noise}"
             )
 
     @property

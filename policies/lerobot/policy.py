@@ -12,9 +12,10 @@ images in [0, 1]), normalises it with the preprocessor, encodes it with
 
 - ``deterministic=True``: ``x_T = 0`` and LeRobot's noiseless steps (DDIM ``eta = 0``; DDPM's
   mean), so the actions equal LeRobot's ``predict_action_chunk(batch, noise=zeros)``.
-- ``deterministic=False`` (RL): ``x_T ~ N(0, I)``; the first ``N - K`` steps are LeRobot's own
-  (DDIM ``eta = 0``; DDPM with its noise), each of the last ``K = finetune_steps`` a recorded
-  Gaussian ``N(mean, max(sigma, min_std)^2)`` (DDIM mean and sigma at ``ddim_eta``).
+- ``deterministic=False`` (RL): ``x_T ~ N(0, init_noise^2 I)`` (1: LeRobot's and DPPO's start;
+  0: deterministic acting's, so RL trains the greedy chain); the first ``N - K`` steps are
+  LeRobot's own (DDIM ``eta = 0``; DDPM with its noise), each of the last ``K = finetune_steps``
+  a recorded Gaussian ``N(mean, max(sigma, min_std)^2)`` (DDIM mean and sigma at ``ddim_eta``).
 
 ``policy_outputs`` records the normalised ``chain [B, K+1, horizon, A]``, ``timesteps [B, K]`` and
 per-step ``log_probs [B, K]``; ``log_prob`` recomputes them in one batched pass through LeRobot's
@@ -322,7 +323,7 @@ class LeRobotPolicy(Policy):
         elif deterministic:
             x = torch.zeros(shape, device=cond.device)
         else:
-            x = randn(shape, generator, device=cond.device)
+            x = self.config.init_noise * randn(shape, generator, device=cond.device)
         untuned = None if deterministic else generator
         chain = run_chain(
             x,

@@ -187,9 +187,26 @@ def test_log_prob_recomputes_with_gradients(trained, ddpm, which: str) -> None:
     assert (moved - log_prob.detach()).abs().max() > 1e-3
 
 
+def test_init_noise_zero_samples_around_the_greedy_chain(trained) -> None:
+    """With init_noise = 0 RL samples around the chain deterministic acting runs: with the steps'
+    noise shrunk, sampled actions are the greedy ones; from LeRobot's N(0, I) start they are not."""
+    policy = Policy.from_pretrained(trained[0]).eval()
+    obs = observations(policy, 3, seed=2)
+    greedy = policy.act(obs, ["t"] * 3, deterministic=True).actions
+    for init_noise, close in ((0.0, True), (1.0, False)):
+        settings = {**policy.config.__dict__, "min_std": 1e-5, "ddim_eta": 0.0}
+        sampler = LeRobotPolicy(policy.config.__class__(**settings | {"init_noise": init_noise}))
+        sampler.load_state_dict(policy.state_dict())
+        sampled = sampler.eval().act(obs, ["t"] * 3, generator=torch.Generator().manual_seed(0))
+        assert torch.allclose(sampled.actions, greedy, atol=1e-3) == close
+    with pytest.raises(ValueError, match="init_noise >= 0"):
+        policy.config.__class__(**{**policy.config.__dict__, "init_noise": -1.0})
+
+
 def test_saved_in_lerobots_layout_and_loaded_both_ways(trained, tmp_path: Path) -> None:
     policy = Policy.from_pretrained(trained[0]).eval()
-    tuned = LeRobotPolicy(policy.config.__class__(**{**policy.config.__dict__, "min_std": 0.05}))
+    settings = {**policy.config.__dict__, "min_std": 0.05, "init_noise": 0.0}
+    tuned = LeRobotPolicy(policy.config.__class__(**settings))
     tuned.load_state_dict(policy.state_dict())
     with torch.no_grad():
         for p in tuned.model.diffusion.unet.parameters():
@@ -202,7 +219,8 @@ def test_saved_in_lerobots_layout_and_loaded_both_ways(trained, tmp_path: Path) 
     ours = tuned.act(obs, ["t"] * 2, deterministic=True, initial_noise=x).actions
     torch.testing.assert_close(ours, lerobot_actions(saved, obs, x))  # LeRobot loads it
     again = Policy.from_pretrained(saved).eval()  # and the toolkit does
-    assert again.config.min_std == 0.05 and again.config.stats == tuned.config.stats
+    assert again.config.min_std == 0.05 and again.config.init_noise == 0.0
+    assert again.config.stats == tuned.config.stats
     torch.testing.assert_close(
         again.act(obs, ["t"] * 2, deterministic=True, initial_noise=x).actions, ours
     )
