@@ -268,6 +268,9 @@ def test_init_noise_zero_samples_around_the_greedy_chain():
         torch.testing.assert_close(recomputed, expected, atol=1e-2, rtol=1e-5)
     with pytest.raises(ValueError, match=r"init_noise=-0.5"):
         tiny_config(init_noise=-0.5)
+    # an override the loader's schema does not type (policy_overrides.init_noise=abc)
+    with pytest.raises(ValueError, match=r"DiffusionConfig.init_noise must be a number, got 'abc'"):
+        tiny_config(init_noise="abc")
 
 
 def test_log_prob_rejects_a_wrong_chain():

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embodied.core.config import check_floats
+
 FINETUNING_NAME = "embodied_finetuning.json"
 PREPROCESSOR_NAME = "policy_preprocessor.json"
 POSTPROCESSOR_NAME = "policy_postprocessor.json"
@@ -53,6 +55,7 @@ class LeRobotPolicyConfig:
     init_noise: float = 1.0
 
     def __post_init__(self) -> None:
+        check_floats(self)
         kind = self.lerobot.get("type")
         if kind not in SUPPORTED_TYPES:
             raise ValueError(

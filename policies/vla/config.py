@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from embodied.core.config import check_choice, check_ints
+from embodied.core.config import check_choice, check_floats, check_ints
 from embodied.core.nn import UNKNOWN_WORD, object_groups, tokenize_words
 from embodied.policies.base import (
     check_chunk,
@@ -57,6 +57,7 @@ class VLAConfig:
 
     def __post_init__(self) -> None:
         """Refuse settings that cannot build a policy, naming the field."""
+        check_floats(self)
         self.image_keys = list(self.image_keys)
         self.vocab = [str(w) for w in self.vocab]
         self.image_mean = [float(v) for v in self.image_mean]
