@@ -327,6 +327,27 @@ def test_eval_reward_row_matches_hand_computed_metrics() -> None:
     assert row["success_head_ece"] == pytest.approx(0.375)
 
 
+def test_eval_reward_scores_privileged_progress_and_success_only(labelled_reach):
+    """Every reward implementation is a method of ``embodied eval reward``: the simulator's
+    progress as the dataset recorded it, and success only (no progress at all)."""
+    from embodied.datasets import LeRobotDataset
+    from embodied.evaluation.reward import evaluate_reward
+
+    rows = {r["method"]: r for r in evaluate_reward(str(labelled_reach), ["privileged", "success"])}
+    dataset = LeRobotDataset(labelled_reach)
+    finals, wins = [], []
+    for r in dataset.episodes_table():
+        recorded = dataset.episode_frames(int(r["episode_index"]), keys=["progress.privileged"])
+        finals.append(float(recorded["progress.privileged"][-1]))
+        wins.append(bool(r["success"]))
+    failed = [f for f, w in zip(finals, wins, strict=True) if not w]
+    privileged, success = rows["privileged"], rows["success"]
+    assert privileged["failed"] == len(failed) > 0 and privileged["episodes"] == len(finals)
+    assert privileged["failed_median_final"] == pytest.approx(np.median(failed))
+    assert privileged["success_auroc"] == 1.0  # only successes finish at full progress
+    assert success["failed_median_final"] == 0.0 and success["success_auroc"] == 0.5
+
+
 def test_eval_reward_table_has_the_model_and_its_baselines(labelled_reach, tmp_path, capsys):
     from embodied.apps.cli import main
     from embodied.datasets import LeRobotDataset
@@ -354,4 +375,4 @@ def test_eval_reward_table_has_the_model_and_its_baselines(labelled_reach, tmp_p
     assert 0.0 <= model_row["success_head_ece"] <= 1.0 and -1 <= model_row["voc_success_mean"] <= 1
     assert "| time interpolation |" in printed and "n/a" in printed
     assert main(["eval", "reward", "--model", "nowhere", "--dataset", str(labelled_reach)]) == 2
-    assert "'nowhere' is not 'time'" in capsys.readouterr().err
+    assert "'nowhere' is not 'time', 'privileged'" in capsys.readouterr().err

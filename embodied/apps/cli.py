@@ -225,7 +225,11 @@ def build_parser(benches: bool = True) -> argparse.ArgumentParser:
     ev_reward = sub.add_parser(
         "eval-reward", help="VOC, AUROC, MAE, calibration of a reward model (also: eval reward)"
     )
-    ev_reward.add_argument("--model", required=True, help="reward model dir, 'time' or judge:DIR")
+    ev_reward.add_argument(
+        "--model",
+        required=True,
+        help="reward model dir, 'time', 'privileged', 'success' or judge:DIR",
+    )
     ev_reward.add_argument("--dataset", required=True, help="labelled LeRobot dataset")
     ev_reward.add_argument(
         "--baselines", nargs="*", default=["time"], help="more methods (default: time)"

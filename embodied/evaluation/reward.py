@@ -63,12 +63,15 @@ class TimeProgress(RewardModel):
 
 
 def reward_models(methods: Sequence[str], frames: int) -> list[tuple[str, RewardModel]]:
-    """The named methods: ``time``, ``judge:<local VLM directory>``, or a saved progress model
+    """The named methods: ``time``, ``privileged`` (the simulator's progress the dataset recorded),
+    ``success`` (no progress), ``judge:<local VLM directory>``, or a saved progress model
     directory (then also the same architecture untrained, to show what training added)."""
     models: list[tuple[str, RewardModel]] = []
     for method in methods:
         if method == "time":
             models.append(("time interpolation", TimeProgress()))
+        elif method in ("privileged", "success"):
+            models.append((method, make_reward_model(method, "", frames)))
         elif method.startswith("judge:"):
             models.append((method, make_reward_model("judge", method[len("judge:") :], frames)))
         elif (Path(method) / "config.json").is_file():
@@ -78,7 +81,8 @@ def reward_models(methods: Sequence[str], frames: int) -> list[tuple[str, Reward
             models += [(str(method), learned), ("untrained", LearnedProgress(untrained, frames))]
         else:
             raise ValueError(
-                f"method {method!r} is not 'time', 'judge:<dir>' or a saved reward model directory"
+                f"method {method!r} is not 'time', 'privileged', 'success', 'judge:<dir>' or a "
+                "saved reward model directory"
             )
     return models
 
