@@ -22,6 +22,7 @@ from embodied.core.reward import ProgressScore, RewardModel, camera_frames, even
 from embodied.core.trajectory import Trajectory
 
 REWARD_TYPES = ("learned", "judge", "privileged", "success")
+NEEDS_PATH = ("learned", "judge")  # the types that load a model from a directory
 
 
 class LearnedProgress(RewardModel):
@@ -126,7 +127,7 @@ def make_reward_model(
     or a local image-text-to-text model directory (``judge``)."""
     if reward_type not in REWARD_TYPES:
         raise ValueError(f"reward must be one of {REWARD_TYPES}, got {reward_type!r}")
-    if reward_type in ("learned", "judge") and not path:
+    if reward_type in NEEDS_PATH and not path:
         what = "saved progress model" if reward_type == "learned" else "local VLM"
         raise ValueError(f"reward={reward_type} needs reward_model=<{what} directory>")
     if reward_type == "learned":

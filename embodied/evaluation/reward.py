@@ -29,7 +29,7 @@ from embodied.core.trajectory import Trajectory
 from embodied.datasets import LeRobotDataset
 from embodied.evaluation.report import markdown_table
 from embodied.rewards.metrics import calibration_error, success_auroc, value_order_correlation
-from embodied.rewards.models import LearnedProgress, make_reward_model
+from embodied.rewards.models import NEEDS_PATH, REWARD_TYPES, LearnedProgress, make_reward_model
 from embodied.rewards.progress import ProgressRewardModel
 
 
@@ -63,14 +63,15 @@ class TimeProgress(RewardModel):
 
 
 def reward_models(methods: Sequence[str], frames: int) -> list[tuple[str, RewardModel]]:
-    """The named methods: ``time``, ``privileged`` (the simulator's progress the dataset recorded),
-    ``success`` (no progress), ``judge:<local VLM directory>``, or a saved progress model
-    directory (then also the same architecture untrained, to show what training added)."""
+    """The named methods: ``time``, a reward type that loads nothing (``privileged``: the
+    simulator's progress the dataset recorded; ``success``: none), ``judge:<local VLM
+    directory>``, or a saved progress model directory (then also the same architecture
+    untrained, to show what training added)."""
     models: list[tuple[str, RewardModel]] = []
     for method in methods:
         if method == "time":
             models.append(("time interpolation", TimeProgress()))
-        elif method in ("privileged", "success"):
+        elif method in REWARD_TYPES and method not in NEEDS_PATH:  # privileged, success
             models.append((method, make_reward_model(method, "", frames)))
         elif method.startswith("judge:"):
             models.append((method, make_reward_model("judge", method[len("judge:") :], frames)))
