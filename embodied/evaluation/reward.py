@@ -32,6 +32,8 @@ from embodied.rewards.metrics import calibration_error, success_auroc, value_ord
 from embodied.rewards.models import NEEDS_PATH, REWARD_TYPES, LearnedProgress, make_reward_model
 from embodied.rewards.progress import ProgressRewardModel
 
+LOADS_NOTHING = tuple(t for t in REWARD_TYPES if t not in NEEDS_PATH)  # privileged, success
+
 
 @dataclass
 class RewardEvalRange:
@@ -71,7 +73,7 @@ def reward_models(methods: Sequence[str], frames: int) -> list[tuple[str, Reward
     for method in methods:
         if method == "time":
             models.append(("time interpolation", TimeProgress()))
-        elif method in REWARD_TYPES and method not in NEEDS_PATH:  # privileged, success
+        elif method in LOADS_NOTHING:
             models.append((method, make_reward_model(method, "", frames)))
         elif method.startswith("judge:"):
             models.append((method, make_reward_model("judge", method[len("judge:") :], frames)))
@@ -81,10 +83,8 @@ def reward_models(methods: Sequence[str], frames: int) -> list[tuple[str, Reward
             untrained = ProgressRewardModel(dataclasses.replace(learned.model.config))
             models += [(str(method), learned), ("untrained", LearnedProgress(untrained, frames))]
         else:
-            raise ValueError(
-                f"method {method!r} is not 'time', 'privileged', 'success', 'judge:<dir>' or a "
-                "saved reward model directory"
-            )
+            named = ", ".join(repr(m) for m in ("time", *LOADS_NOTHING, "judge:<dir>"))
+            raise ValueError(f"method {method!r} is not {named} or a saved reward model directory")
     return models
 
 
