@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from test_vla import INSTRUCTIONS, STATS, observations, tiny_config, tiny_policy
+from test_vla_keypoints import KEYPOINTS
 
 from embodied.core.policy import Policy
 from embodied.policies import POLICIES, make_policy
@@ -69,12 +70,15 @@ def test_config_from_dataset_and_registry():
     assert n_params < 3_000_000  # the default tiny backbone stays CPU sized
 
 
-def test_save_and_load_in_a_fresh_process(tmp_path: Path):
-    policy = tiny_policy()
+@pytest.mark.parametrize("overrides", [{}, KEYPOINTS], ids=["siglip", "keypoints"])
+def test_save_and_load_in_a_fresh_process(tmp_path: Path, overrides: dict):
+    policy = tiny_policy(**overrides)
     directory = policy.save_pretrained(tmp_path / "policy")
     config = json.loads((directory / "config.json").read_text())
     assert config["policy_type"] == "vla" and config["vocab"] == policy.config.vocab
-    obs = observations()
+    obs = observations(size=policy.config.image_size)
+    if not policy.config.env_state_dim:
+        del obs["observation.environment_state"]
     np.savez(tmp_path / "obs.npz", **{k: v.numpy() for k, v in obs.items()})
     script = textwrap.dedent(
         f"""

@@ -41,12 +41,13 @@ class KeypointEncoder(nn.Module):
     """A camera encoder's shared tail: ``feature_map`` (subclasses) -> optional FiLM by a
     condition vector (``h * (1 + gamma) + beta``, zero-initialised so it starts as the identity)
     -> spatial-softmax keypoints -> ``Linear + ReLU``. ``encode`` returns the features and the
-    keypoints (``[N, 2 * num_keypoints]``, for auxiliary heads)."""
+    keypoints (``[N, 2 * num_keypoints]``, for auxiliary heads). ``out_dim=0`` drops the
+    ``Linear + ReLU``: the features are then the keypoints themselves (a VLA's image tokens)."""
 
     def __init__(self, width: int, num_keypoints: int, out_dim: int, film_dim: int = 0) -> None:
         super().__init__()
         self.pool = SpatialSoftmax(width, num_keypoints)
-        self.out = nn.Linear(2 * num_keypoints, out_dim)
+        self.out = nn.Linear(2 * num_keypoints, out_dim) if out_dim else None
         self.film: nn.Linear | None = None
         if film_dim:
             self.film = nn.Linear(film_dim, 2 * width)
@@ -83,6 +84,8 @@ class KeypointEncoder(nn.Module):
             gamma, beta = self.film(condition)[:, :, None, None].chunk(2, dim=1)
             h = h * (1.0 + gamma) + beta
         keypoints = self.pool(h)
+        if self.out is None:
+            return keypoints, keypoints
         return F.relu(self.out(keypoints)), keypoints
 
     def forward(self, images: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
@@ -132,6 +135,19 @@ def check_vision_encoder(name: str) -> None:
     if name.startswith("hf:") and len(name) > 3:
         return
     raise ValueError(f"vision_encoder must be one of {VISION_ENCODERS}, got {name!r}")
+
+
+def check_image_shift(owner: str, vision_encoder: str, image_shift: int, image_size: int) -> None:
+    """Refuse a DrQ shift that cannot work: one of half the image or more, or one with a frozen
+    pretrained trunk (it caches each frame's features, so shifted frames would only miss the
+    cache); ``owner`` names the config in the error."""
+    if image_shift and 2 * image_shift >= image_size:
+        raise ValueError(f"{owner}.image_shift={image_shift} must be < image_size / 2")
+    if image_shift and (vision_encoder == "efficientnet_lite0" or vision_encoder.startswith("hf:")):
+        raise ValueError(
+            f"{owner}.image_shift shifts the images a frozen {vision_encoder} trunk caches per "
+            "frame; use it with a trained encoder (vision_encoder='resnet')"
+        )
 
 
 def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
@@ -307,6 +323,7 @@ __all__ = [
     "HFTrunk",
     "PretrainedImageEncoder",
     "build_image_encoder",
+    "check_image_shift",
     "check_vision_encoder",
     "random_shift",
 ]

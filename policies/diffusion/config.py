@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from embodied.core.config import check_choice, check_floats, check_ints
 from embodied.core.nn import UNKNOWN_WORD
-from embodied.core.vision import check_vision_encoder
+from embodied.core.vision import check_image_shift, check_vision_encoder
 from embodied.policies.base import (
     check_chunk,
     check_env_state_encoder,
@@ -160,13 +160,7 @@ class DiffusionConfig:
         name = type(self).__name__
         check_vision_encoder(self.vision_encoder)
         check_choice(self, "aux_state_encoder", AUX_STATE_ENCODERS)
-        if self.image_shift and 2 * self.image_shift >= self.image_size:
-            raise ValueError(f"{name}.image_shift={self.image_shift} must be < image_size / 2")
-        if self.image_shift and self.vision_encoder != "resnet":
-            raise ValueError(
-                f"{name}.image_shift shifts the images a frozen {self.vision_encoder} trunk "
-                "caches per frame; use it with vision_encoder='resnet'"
-            )
+        check_image_shift(name, self.vision_encoder, self.image_shift, self.image_size)
         if self.aux_state_weight < 0:
             raise ValueError(f"{name}.aux_state_weight must be >= 0, got {self.aux_state_weight}")
         uses_aux = self.aux_state_weight > 0 or self.aux_state_encoder != "none"

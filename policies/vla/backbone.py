@@ -5,9 +5,11 @@ Backbone (``VLAConfig.backbone_path``):
 
 - ``""`` (default): a tiny, randomly initialised ``LlavaForConditionalGeneration`` built from
   configs (a SigLIP vision tower of ``vision_layers`` layers over ``patch_size`` patches, a
-  2-layer projector and a Llama decoder of ``text_layers`` layers) and a word-level tokenizer
-  (``tokenizers`` ``WordLevel`` over ``vocab``, the dataset's instruction words, wrapped as a
-  ``PreTrainedTokenizerFast``). A few hundred thousand to a few million parameters: CPU sized.
+  2-layer projector and a Llama decoder of ``text_layers`` layers; only the Llama when
+  ``vision_encoder`` names a keypoint encoder, which then makes the image tokens) and a
+  word-level tokenizer (``tokenizers`` ``WordLevel`` over ``vocab``, the dataset's instruction
+  words, wrapped as a ``PreTrainedTokenizerFast``). A few hundred thousand to a few million
+  parameters: CPU sized.
 - a local directory: loaded with ``AutoModelForImageTextToText`` / ``AutoTokenizer`` (and the
   ``AutoProcessor``'s image mean/std when it has one), offline (``local_files_only``), never with
   remote code. The model must offer ``get_image_features(pixel_values=...)``, a decoder
@@ -86,26 +88,19 @@ def build_word_tokenizer(words: Sequence[str], n_bins: int) -> Any:
 
 
 def build_tiny_backbone(config: VLAConfig, vocab_size: int) -> nn.Module:
-    """A randomly initialised tiny ``LlavaForConditionalGeneration`` (SigLIP vision, Llama text)."""
+    """A randomly initialised tiny ``LlavaForConditionalGeneration`` (SigLIP vision, Llama text),
+    or only its Llama (``LlamaForCausalLM``) when a keypoint encoder makes the image tokens."""
     from transformers import (
         LlamaConfig,
+        LlamaForCausalLM,
         LlavaConfig,
         LlavaForConditionalGeneration,
         SiglipVisionConfig,
     )
 
-    vision = SiglipVisionConfig(
-        image_size=config.image_size,
-        patch_size=config.patch_size,
-        hidden_size=config.vision_hidden_size,
-        intermediate_size=config.vision_intermediate_size,
-        num_hidden_layers=config.vision_layers,
-        num_attention_heads=config.vision_heads,
-        vision_use_head=False,
-    )
     n_tokens = (
         1
-        + len(config.image_keys) * (config.image_size // config.patch_size) ** 2
+        + len(config.image_keys) * config.image_tokens
         + config.n_proprio_tokens
         + config.num_object_tokens
         + config.max_instruction_tokens
@@ -123,6 +118,18 @@ def build_tiny_backbone(config: VLAConfig, vocab_size: int) -> nn.Module:
         bos_token_id=1,
         eos_token_id=None,
         tie_word_embeddings=False,
+    )
+    if config.vision_encoder != "siglip":
+        text._attn_implementation = config.attn_implementation
+        return LlamaForCausalLM(text)
+    vision = SiglipVisionConfig(
+        image_size=config.image_size,
+        patch_size=config.patch_size,
+        hidden_size=config.vision_hidden_size,
+        intermediate_size=config.vision_intermediate_size,
+        num_hidden_layers=config.vision_layers,
+        num_attention_heads=config.vision_heads,
+        vision_use_head=False,
     )
     llava = LlavaConfig(
         vision_config=vision,
@@ -179,6 +186,36 @@ def image_features(
     if isinstance(features, list | tuple):
         features = torch.stack(list(features))
     return features.reshape(x.shape[0], -1, features.shape[-1])
+
+
+class KeypointTokens(nn.Module):
+    """Image tokens from keypoint encoders (``embodied.core.vision``), one encoder per camera:
+    keypoint ``k`` at ``(x_k, y_k)`` in [-1, 1] becomes the token ``W (x_k, y_k) + e_k`` (a
+    learned embedding ``e_k`` says which keypoint it is), so the decoder reads positions."""
+
+    def __init__(self, config: VLAConfig, hidden: int) -> None:
+        super().__init__()
+        from embodied.core.vision import build_image_encoder
+
+        self.encoders = nn.ModuleList(
+            build_image_encoder(
+                config.vision_encoder,
+                config.vision_channels,
+                config.num_keypoints,
+                0,  # no output layer: the keypoints themselves
+                pretrained_blocks=config.pretrained_blocks,
+            )
+            for _ in config.image_keys
+        )
+        self.position = nn.Linear(2, hidden)
+        n_tokens = len(config.image_keys) * config.num_keypoints
+        self.embedding = nn.Parameter(0.02 * torch.randn(n_tokens, hidden))
+
+    def forward(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
+        """One uint8 ``[B, H, W, 3]`` per camera -> ``[B, cameras * num_keypoints, hidden]``."""
+        points = [encoder(image) for encoder, image in zip(self.encoders, images, strict=True)]
+        xy = torch.cat(points, dim=-1).reshape(len(images[0]), -1, 2)
+        return self.position(xy) + self.embedding
 
 
 def padded_ids(

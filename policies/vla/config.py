@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from embodied.core.config import check_choice, check_floats, check_ints
 from embodied.core.nn import UNKNOWN_WORD, object_groups, tokenize_words
+from embodied.core.vision import VISION_ENCODERS, check_image_shift, check_vision_encoder
 from embodied.policies.base import (
     check_chunk,
     check_env_state_encoder,
@@ -41,6 +42,14 @@ class VLAConfig:
     action_range: str = "min_max"  # bin bounds from the dataset's "min_max" or "quantile" (q01/q99)
     temperature: float = 1.0
     backbone_path: str = ""  # a local image-text-to-text model directory; "" = tiny Llava
+    # The cameras' tokens: "siglip" = the backbone's vision tower (its patch features,
+    # projected); "resnet" / "efficientnet_lite0" / "hf:<dir>" = a camera encoder of
+    # embodied.core.vision whose spatial-softmax keypoints are the tokens, one per keypoint
+    vision_encoder: str = "siglip"
+    vision_channels: list[int] = field(default_factory=lambda: [32, 64])  # resnet stages
+    num_keypoints: int = 16  # image tokens per camera of a keypoint encoder
+    pretrained_blocks: int = 4  # efficientnet_lite0: MBConv blocks kept (4: stride 8)
+    image_shift: int = 0  # BC augmentation (DrQ): images padded by this many pixels, cropped
     # The tiny backbone (ignored with backbone_path):
     patch_size: int = 8
     vision_hidden_size: int = 64
@@ -59,6 +68,7 @@ class VLAConfig:
         """Refuse settings that cannot build a policy, naming the field."""
         check_floats(self)
         self.image_keys = list(self.image_keys)
+        self.vision_channels = list(self.vision_channels)
         self.vocab = [str(w) for w in self.vocab]
         self.image_mean = [float(v) for v in self.image_mean]
         self.image_std = [float(v) for v in self.image_std]
@@ -75,6 +85,9 @@ class VLAConfig:
                 "n_proprio_tokens": 1,
                 "max_instruction_tokens": 1,
                 "n_bins": 2,
+                "num_keypoints": 1,
+                "pretrained_blocks": 1,
+                "image_shift": 0,
                 "patch_size": 1,
                 "vision_hidden_size": 1,
                 "vision_layers": 1,
@@ -97,6 +110,21 @@ class VLAConfig:
             raise ValueError(f"VLAConfig.temperature must be > 0, got {self.temperature!r}")
         self.temperature = float(self.temperature)
         self._check_backbone()
+        if self.vision_encoder != "siglip":
+            try:
+                check_vision_encoder(self.vision_encoder)
+            except ValueError:
+                raise ValueError(
+                    f"VLAConfig.vision_encoder must be 'siglip' or one of {VISION_ENCODERS}, "
+                    f"got {self.vision_encoder!r}"
+                ) from None
+            if not self.vision_channels or not all(
+                isinstance(c, int) and c > 0 for c in self.vision_channels
+            ):
+                raise ValueError(
+                    f"VLAConfig.vision_channels must be positive ints, got {self.vision_channels}"
+                )
+        check_image_shift("VLAConfig", self.vision_encoder, self.image_shift, self.image_size)
 
     def _check_inputs(self) -> None:
         """Proprio and object tokens need the states they read; images a mean/std per channel."""
@@ -117,7 +145,7 @@ class VLAConfig:
         """The tiny backbone's sizes must build a SigLIP + Llama pair; its vocabulary is words."""
         if not isinstance(self.backbone_path, str):
             raise ValueError(f"VLAConfig.backbone_path must be a str, got {self.backbone_path!r}")
-        if not self.backbone_path:
+        if not self.backbone_path and self.vision_encoder == "siglip":
             if self.image_size % self.patch_size:
                 raise ValueError(
                     f"VLAConfig.image_size={self.image_size} must be divisible by "
@@ -151,6 +179,14 @@ class VLAConfig:
         if not self.use_proprio:
             return 0
         return self.state_dim + (self.env_state_dim if self.env_state_encoder == "flat" else 0)
+
+    @property
+    def image_tokens(self) -> int:
+        """Image tokens per camera: a keypoint encoder's keypoints, or the tiny tower's patches
+        (a local backbone's tower decides its own)."""
+        if self.vision_encoder != "siglip":
+            return self.num_keypoints
+        return (self.image_size // self.patch_size) ** 2
 
     @property
     def num_object_tokens(self) -> int:

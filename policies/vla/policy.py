@@ -7,7 +7,8 @@ Input sequence of one decision (embeddings, no attention mask: every position is
 
 - image tokens: the projected vision features of the newest frame of every camera in
   ``image_keys`` (uint8 ``[B, n_obs, H, W, 3]`` or ``[B, H, W, 3]``), scaled to [0, 1], resized to
-  the vision tower's size when it differs, normalised with the image mean/std.
+  the vision tower's size when it differs, normalised with the image mean/std; or, with a
+  keypoint ``vision_encoder``, one token per spatial-softmax keypoint (``KeypointTokens``).
 - proprio tokens (``use_proprio``, on when the dataset has states): the newest
   ``observation.state`` and ``observation.environment_state``, normalised with dataset mean/std
   (``Normalizer``), mapped by a 2-layer MLP to ``n_proprio_tokens`` embeddings.
@@ -66,6 +67,7 @@ from embodied.core.features import ENV_STATE_KEY, STATE_KEY, ObservationSpec
 from embodied.core.nn import Normalizer, ObjectTokens, build_vocab, mean_embedding, tokenize_words
 from embodied.core.policy import ActionOutput, register_policy
 from embodied.core.sampling import Generators, multinomial
+from embodied.core.vision import random_shift
 from embodied.policies.base import (
     ACTION_HIGH,
     ACTION_LOW,
@@ -79,7 +81,12 @@ from embodied.policies.base import (
     newest_step,
     require_features,
 )
-from embodied.policies.vla.backbone import build_backbone, image_features, padded_ids
+from embodied.policies.vla.backbone import (
+    KeypointTokens,
+    build_backbone,
+    image_features,
+    padded_ids,
+)
 from embodied.policies.vla.config import VLAConfig
 
 
@@ -106,6 +113,9 @@ class VLAPolicy(ChunkedPolicy):
         mean, std = torch.tensor(built.image_mean), torch.tensor(built.image_std)
         self.register_buffer("image_mean", mean.view(1, 3, 1, 1), persistent=False)
         self.register_buffer("image_std", std.view(1, 3, 1, 1), persistent=False)
+        self.keypoint_tokens = (
+            KeypointTokens(config, hidden) if config.vision_encoder != "siglip" else None
+        )
         self.state_normalizer = (
             Normalizer(config.state_dim, "mean_std")
             if config.use_proprio and config.state_dim > 0
@@ -272,10 +282,12 @@ class VLAPolicy(ChunkedPolicy):
                 )
         ids = self._instruction_ids(instructions, batch)
         embed = self.backbone.get_input_embeddings()
-        pixels = torch.cat(images)
-        features = image_features(
-            self.backbone, pixels, self.vision_size, self.image_mean, self.image_std
-        ).reshape(batch, -1, embed.weight.shape[1])
+        if self.keypoint_tokens is not None:
+            features = self.keypoint_tokens(images)
+        else:
+            features = image_features(
+                self.backbone, torch.cat(images), self.vision_size, self.image_mean, self.image_std
+            ).reshape(batch, -1, embed.weight.shape[1])
         parts = []
         if self.bos_ids:
             bos = torch.tensor(self.bos_ids, device=self.device).expand(batch, -1)
@@ -421,6 +433,13 @@ class VLAPolicy(ChunkedPolicy):
         config = self.config
         if "instruction" not in batch or "action" not in batch:
             raise ValueError(f"batch needs 'action' and 'instruction'; keys: {sorted(batch)}")
+        if config.image_shift:  # DrQ: every window's frames shifted by one random offset
+            shifted = {
+                k: random_shift(torch.as_tensor(batch[k]), config.image_shift)
+                for k in config.image_keys
+                if k in batch
+            }
+            batch = {**batch, **shifted}
         prefix = self.prefix_embeddings(batch, batch["instruction"])
         actions = torch.as_tensor(batch["action"], device=self.device, dtype=torch.float32)
         start, chunk = config.n_obs_steps - 1, config.n_action_steps

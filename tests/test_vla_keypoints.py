@@ -1,0 +1,120 @@
+"""The VLA whose image tokens come from a keypoint camera encoder (``vision_encoder``): every
+encoder builds offline and trains, log-probs recompute, it reads no privileged state, it learns
+an image-dependent expert, and bad settings name the field (save/load: test_vla_construction)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_pixel_planner import tiny_hf_models
+from test_vla import INSTRUCTIONS, STATS, observations, synthetic_batch, tiny_config
+
+from embodied.core.vision import PretrainedImageEncoder
+from embodied.policies.vla import VLAPolicy
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+# A pixel VLA (no environment state) on 32 px images with 4 keypoints per camera.
+KEYPOINTS = dict(
+    env_state_dim=0,
+    image_size=32,
+    vision_encoder="resnet",
+    vision_channels=[8, 16],
+    num_keypoints=4,
+    pretrained_blocks=2,
+)
+
+
+def keypoint_policy(seed: int = 0, **overrides) -> VLAPolicy:
+    torch.manual_seed(seed)
+    return VLAPolicy(tiny_config(**{**KEYPOINTS, **overrides})).fit_normalizers(STATS)
+
+
+def pixel_batch() -> dict:
+    """``synthetic_batch``'s expert on 32 px images without the environment state, where the
+    image's cue is where a bright square is: right half for ``+0.3`` on dimension 1, left for
+    ``-0.3`` (keypoints carry positions, not brightness)."""
+    batch = synthetic_batch(None)
+    del batch["observation.environment_state"]
+    right = batch["action"][:, 0, 1] > 0
+    images = torch.full((len(right), 1, 32, 32, 3), 30, dtype=torch.uint8)
+    for b, is_right in enumerate(right.tolist()):
+        column = 20 if is_right else 4
+        images[b, 0, 12:20, column : column + 8] = 220
+    batch["observation.image"] = images
+    return batch
+
+
+def test_every_encoder_builds_offline_and_trains_a_step(tmp_path):
+    for name in ["resnet", "efficientnet_lite0", *tiny_hf_models(tmp_path)]:
+        policy = keypoint_policy(vision_encoder=name)
+        assert not hasattr(policy.backbone, "vision_tower")  # the keypoints are the image tokens
+        tokens = policy.keypoint_tokens
+        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], 1e-3)
+        before = {k: v.clone() for k, v in policy.state_dict().items()}
+        loss = policy.bc_loss(pixel_batch())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        after = policy.state_dict()
+        changed = [k for k in after if k.startswith("keypoint_tokens.") and ".trunk." not in k]
+        assert changed and all(not torch.equal(before[k], after[k]) for k in changed), name
+        if isinstance(tokens.encoders[0], PretrainedImageEncoder):  # the trunk stays frozen
+            trunk = [k for k in after if ".trunk." in k]
+            assert trunk and all(torch.equal(before[k], after[k]) for k in trunk), name
+        obs = {k: v for k, v in pixel_batch().items() if k.startswith("observation.")}
+        out = policy.act(obs, ["reach the red block"] * 16, deterministic=True)
+        assert out.actions.shape == (16, 3, 2) and torch.isfinite(out.actions).all(), name
+
+
+def test_log_probs_recompute_and_privileged_state_is_refused():
+    policy = keypoint_policy(temperature=0.8)
+    spec = policy.observation_spec
+    assert not spec.privileged
+    assert spec.read_keys() == ["observation.image", "observation.state"]
+    obs = observations(seed=3, size=32)
+    privileged = obs.pop("observation.environment_state")
+    out = policy.act(obs, INSTRUCTIONS, False, generator=torch.Generator().manual_seed(1))
+    log_probs = policy.log_prob(obs, INSTRUCTIONS, out.policy_outputs)
+    torch.testing.assert_close(log_probs, out.policy_outputs["log_probs"], atol=1e-4, rtol=0)
+    log_probs.sum().backward()
+    conv = policy.keypoint_tokens.encoders[0].stem[0].weight
+    assert conv.grad is not None and conv.grad.abs().sum() > 0  # gradients reach the camera
+    with pytest.raises(ValueError, match="does not read 'observation.environment_state'"):
+        policy.act({**obs, "observation.environment_state": privileged}, INSTRUCTIONS, True)
+
+
+def test_learns_an_image_dependent_expert_with_shifted_images():
+    """Dimension 1 of the expert's action follows the side of the image's bright square: only
+    the camera tells, through a DrQ shift in training."""
+    policy = keypoint_policy(image_shift=2)
+    batch = pixel_batch()
+    optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(60):
+        loss = policy.bc_loss(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.3 * losses[0], losses
+    obs = {k: v for k, v in batch.items() if k.startswith("observation.")}
+    actions = policy.act(obs, batch["instruction"], deterministic=True).actions
+    right = batch["action"][:, 0, 1] > 0
+    assert (actions[right, :, 1] > 0).all() and (actions[~right, :, 1] < 0).all()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"vision_encoder": "vgg"}, r"VLAConfig.vision_encoder must be 'siglip' or one of"),
+        ({"vision_channels": [8, 0]}, r"VLAConfig.vision_channels must be positive ints"),
+        ({"num_keypoints": 0}, "VLAConfig.num_keypoints"),
+        ({"image_shift": 16}, r"VLAConfig.image_shift=16 must be < image_size / 2"),
+        ({"image_shift": 2, "vision_encoder": "efficientnet_lite0"}, "frozen efficientnet_lite0"),
+    ],
+)
+def test_bad_keypoint_settings_name_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**{**KEYPOINTS, **overrides})
