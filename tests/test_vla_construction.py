@@ -56,6 +56,21 @@ def test_config_from_dataset_and_registry():
     ]
     assert POLICIES["vla"] is VLAPolicy
     assert isinstance(make_policy("vla", tiny_config()), VLAPolicy)
+
+
+def test_a_pixel_vla_from_a_dataset_with_environment_state_reads_none_of_it():
+    """``env_state_dim=0`` on a dataset that records the objects' state: the saved config keeps
+    neither its size nor its names, and the policy reads the camera and proprio only."""
+    names = ["block_red.x", "block_red.y", "block_red.z", "drawer.opening"]
+    features = {
+        "observation.image": {"dtype": "video", "shape": [16, 16, 3]},
+        "observation.state": {"dtype": "float32", "shape": [3]},
+        "observation.environment_state": {"dtype": "float32", "shape": [4], "names": names},
+        "action": {"dtype": "float32", "shape": [2]},
+    }
+    pixel = VLAPolicy.config_from_dataset(features, ["reach the red block"], env_state_dim=0)
+    assert (pixel.env_state_dim, pixel.env_state_names) == (0, [])
+    assert VLAPolicy.config_from_dataset(features, ["reach"]).env_state_names == names
     no_proprio = VLAPolicy(tiny_config(use_proprio=False))
     assert (
         no_proprio.observation_spec.read_keys() == ["observation.image"]

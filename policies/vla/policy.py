@@ -168,6 +168,8 @@ class VLAPolicy(ChunkedPolicy):
             raise ValueError(f"the VLA needs a camera; dataset features: {sorted(features)}")
         tasks = list(tasks)
         env_values, texts = env_state_values(features, tasks)
+        if overrides.get("env_state_dim") == 0:  # a pixel VLA: the state's names do not apply
+            env_values = {}
         values: dict[str, Any] = {
             "action_dim": int(features["action"]["shape"][-1]),
             "image_keys": image_keys,
