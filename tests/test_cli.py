@@ -176,6 +176,7 @@ def test_bench_policy_reports_every_policy_against_ddim(
     variants = [label for label, _, _ in POLICY_VARIANTS]
     assert labels == [*variants, str(saved)]
     assert "diffusion DDIM-10 pixels efficientnet" in variants  # one row per camera encoder
+    assert "vla decoding keypoints efficientnet" in variants
     by_key = {(r["policy"], r["batch"]): r for r in rows}
     for row in rows:
         base = by_key["diffusion DDIM-10", row["batch"]]

@@ -50,6 +50,9 @@ POLICY_VARIANTS = (
     ("flow Euler-4", "flow", {"num_inference_steps": 4}),
     ("flow Euler-1", "flow", {"num_inference_steps": 1}),
     ("vla decoding", "vla", {}),
+    # The pixel VLA with keypoint image tokens (configs/bc_vla_pixels.yaml), trained or pretrained.
+    ("vla decoding keypoints resnet", "vla", {"vision_encoder": "resnet"}),
+    ("vla decoding keypoints efficientnet", "vla", {"vision_encoder": "efficientnet_lite0"}),
     ("mlp gaussian", "mlp", {}),
 )
 
