@@ -105,6 +105,27 @@ def test_learns_an_image_dependent_expert_with_shifted_images():
     assert (actions[right, :, 1] > 0).all() and (actions[~right, :, 1] < 0).all()
 
 
+def test_film_makes_the_image_tokens_depend_on_the_instruction():
+    """``vision_film``: the keypoints follow the instruction (FiLM starts as the identity, so
+    only after a step do two instructions give different tokens of the same image)."""
+    policy = keypoint_policy(vision_film=True)
+    batch = pixel_batch()
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+
+    def image_tokens(text: str) -> torch.Tensor:
+        prefix = policy.prefix_embeddings(batch, [text] * 16)
+        return prefix[:, 1 : 1 + policy.config.num_keypoints]
+
+    torch.testing.assert_close(image_tokens("reach the red block"), image_tokens("go to the blue"))
+    loss = policy.bc_loss(batch)
+    optimizer.zero_grad()
+    loss.backward()
+    film = policy.keypoint_tokens.encoders[0].film
+    assert film.weight.grad.abs().sum() > 0
+    optimizer.step()
+    assert not torch.allclose(image_tokens("reach the red block"), image_tokens("go to the blue"))
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -112,6 +133,7 @@ def test_learns_an_image_dependent_expert_with_shifted_images():
         ({"vision_channels": [8, 0]}, r"VLAConfig.vision_channels must be positive ints"),
         ({"num_keypoints": 0}, "VLAConfig.num_keypoints"),
         ({"image_shift": 16}, r"VLAConfig.image_shift=16 must be < image_size / 2"),
+        ({"vision_film": True, "vision_encoder": "siglip"}, "VLAConfig.vision_film=True"),
         ({"image_shift": 2, "vision_encoder": "efficientnet_lite0"}, "frozen efficientnet_lite0"),
     ],
 )

@@ -191,7 +191,9 @@ def image_features(
 class KeypointTokens(nn.Module):
     """Image tokens from keypoint encoders (``embodied.core.vision``), one encoder per camera:
     keypoint ``k`` at ``(x_k, y_k)`` in [-1, 1] becomes the token ``W (x_k, y_k) + e_k`` (a
-    learned embedding ``e_k`` says which keypoint it is), so the decoder reads positions."""
+    learned embedding ``e_k`` says which keypoint it is), so the decoder reads positions. With
+    ``vision_film`` each camera's feature map is FiLM'd by a condition (the instruction), so the
+    keypoints can follow the object the instruction names."""
 
     def __init__(self, config: VLAConfig, hidden: int) -> None:
         super().__init__()
@@ -203,7 +205,8 @@ class KeypointTokens(nn.Module):
                 config.vision_channels,
                 config.num_keypoints,
                 0,  # no output layer: the keypoints themselves
-                pretrained_blocks=config.pretrained_blocks,
+                hidden if config.vision_film else 0,
+                config.pretrained_blocks,
             )
             for _ in config.image_keys
         )
@@ -211,9 +214,14 @@ class KeypointTokens(nn.Module):
         n_tokens = len(config.image_keys) * config.num_keypoints
         self.embedding = nn.Parameter(0.02 * torch.randn(n_tokens, hidden))
 
-    def forward(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
-        """One uint8 ``[B, H, W, 3]`` per camera -> ``[B, cameras * num_keypoints, hidden]``."""
-        points = [encoder(image) for encoder, image in zip(self.encoders, images, strict=True)]
+    def forward(
+        self, images: Sequence[torch.Tensor], condition: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """One uint8 ``[B, H, W, 3]`` per camera (and ``condition [B, hidden]`` with FiLM) ->
+        ``[B, cameras * num_keypoints, hidden]``."""
+        points = [
+            encoder(image, condition) for encoder, image in zip(self.encoders, images, strict=True)
+        ]
         xy = torch.cat(points, dim=-1).reshape(len(images[0]), -1, 2)
         return self.position(xy) + self.embedding
 

@@ -49,6 +49,7 @@ class VLAConfig:
     vision_channels: list[int] = field(default_factory=lambda: [32, 64])  # resnet stages
     num_keypoints: int = 16  # image tokens per camera of a keypoint encoder
     pretrained_blocks: int = 4  # efficientnet_lite0: MBConv blocks kept (4: stride 8)
+    vision_film: bool = False  # FiLM a keypoint encoder's map by the instruction's mean embedding
     image_shift: int = 0  # BC augmentation (DrQ): images padded by this many pixels, cropped
     # The tiny backbone (ignored with backbone_path):
     patch_size: int = 8
@@ -125,6 +126,13 @@ class VLAConfig:
                     f"VLAConfig.vision_channels must be positive ints, got {self.vision_channels}"
                 )
         check_image_shift("VLAConfig", self.vision_encoder, self.image_shift, self.image_size)
+        if not isinstance(self.vision_film, bool) or (
+            self.vision_film and self.vision_encoder == "siglip"
+        ):
+            raise ValueError(
+                f"VLAConfig.vision_film={self.vision_film!r} must be a bool, and True only with a "
+                f"keypoint vision_encoder (got {self.vision_encoder!r})"
+            )
 
     def _check_inputs(self) -> None:
         """Proprio and object tokens need the states they read; images a mean/std per channel."""

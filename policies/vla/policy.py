@@ -285,7 +285,8 @@ class VLAPolicy(ChunkedPolicy):
         ids = self._instruction_ids(instructions, batch)
         embed = self.backbone.get_input_embeddings()
         if self.keypoint_tokens is not None:
-            features = self.keypoint_tokens(images)
+            film = mean_embedding(embed, ids, ids != self.pad_id) if config.vision_film else None
+            features = self.keypoint_tokens(images, film)
         else:
             features = image_features(
                 self.backbone, torch.cat(images), self.vision_size, self.image_mean, self.image_std
