@@ -126,6 +126,33 @@ def test_film_makes_the_image_tokens_depend_on_the_instruction():
     assert not torch.allclose(image_tokens("reach the red block"), image_tokens("go to the blue"))
 
 
+def test_the_recipe_builds_a_pixel_vla_from_a_camera_dataset():
+    """configs/bc_vla_pixels.yaml on a dataset with cameras and the objects' state: the policy
+    reads the front camera, agent_pos and the instruction, 16 keypoint tokens, nothing else."""
+    from pathlib import Path
+
+    from embodied.core.config import load_config
+    from embodied.train.bc import BCConfig
+
+    recipe = Path(__file__).parents[1] / "configs" / "bc_vla_pixels.yaml"
+    cfg = load_config(BCConfig, recipe, ["dataset=unused"])
+    names = ["block_red.x", "block_red.y", "block_red.z"]
+    features = {
+        "observation.images.front": {"dtype": "video", "shape": [64, 64, 3]},
+        "observation.images.wrist": {"dtype": "video", "shape": [64, 64, 3]},
+        "observation.state": {"dtype": "float32", "shape": [4]},
+        "observation.environment_state": {"dtype": "float32", "shape": [3], "names": names},
+        "action": {"dtype": "float32", "shape": [4]},
+    }
+    config = VLAPolicy.config_from_dataset(
+        features, ["reach the red block"], horizon=cfg.horizon, **cfg.policy_overrides
+    )
+    policy = VLAPolicy(config)
+    assert policy.observation_spec.read_keys() == ["observation.images.front", "observation.state"]
+    assert policy.training_keys() == policy.observation_spec.read_keys()
+    assert config.image_tokens == 16 and config.vision_film
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -8,7 +8,8 @@ Input sequence of one decision (embeddings, no attention mask: every position is
 - image tokens: the projected vision features of the newest frame of every camera in
   ``image_keys`` (uint8 ``[B, n_obs, H, W, 3]`` or ``[B, H, W, 3]``), scaled to [0, 1], resized to
   the vision tower's size when it differs, normalised with the image mean/std; or, with a
-  keypoint ``vision_encoder``, one token per spatial-softmax keypoint (``KeypointTokens``).
+  keypoint ``vision_encoder``, one token per spatial-softmax keypoint (``KeypointTokens``),
+  whose feature map ``vision_film`` FiLMs by the mean input embedding of the instruction.
 - proprio tokens (``use_proprio``, on when the dataset has states): the newest
   ``observation.state`` and ``observation.environment_state``, normalised with dataset mean/std
   (``Normalizer``), mapped by a 2-layer MLP to ``n_proprio_tokens`` embeddings.
