@@ -157,6 +157,7 @@ def test_the_recipe_builds_a_pixel_vla_from_a_camera_dataset():
     ("overrides", "message"),
     [
         ({"vision_encoder": "vgg"}, r"VLAConfig.vision_encoder must be 'siglip' or one of"),
+        ({"vision_encoder": 5}, r"VLAConfig.vision_encoder must be 'siglip' or one of.*got 5"),
         ({"vision_channels": [8, 0]}, r"VLAConfig.vision_channels must be positive ints"),
         ({"num_keypoints": 0}, "VLAConfig.num_keypoints"),
         ({"image_shift": 16}, r"VLAConfig.image_shift=16 must be < image_size / 2"),

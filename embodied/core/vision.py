@@ -132,7 +132,7 @@ def check_vision_encoder(name: str) -> None:
     """Refuse an encoder name that ``build_image_encoder`` cannot build."""
     if name in ("resnet", "efficientnet_lite0"):
         return
-    if name.startswith("hf:") and len(name) > 3:
+    if isinstance(name, str) and name.startswith("hf:") and len(name) > 3:
         return
     raise ValueError(f"vision_encoder must be one of {VISION_ENCODERS}, got {name!r}")
 
