@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embodied.core.vision import build_image_encoder
 from embodied.policies.vla.config import (
     BOS_TOKEN,
     IMAGE_TOKEN,
@@ -119,7 +120,7 @@ def build_tiny_backbone(config: VLAConfig, vocab_size: int) -> nn.Module:
         eos_token_id=None,
         tie_word_embeddings=False,
     )
-    if config.vision_encoder != "siglip":
+    if config.keypoint_vision:
         text._attn_implementation = config.attn_implementation
         return LlamaForCausalLM(text)
     vision = SiglipVisionConfig(
@@ -197,8 +198,6 @@ class KeypointTokens(nn.Module):
 
     def __init__(self, config: VLAConfig, hidden: int) -> None:
         super().__init__()
-        from embodied.core.vision import build_image_encoder
-
         self.encoders = nn.ModuleList(
             build_image_encoder(
                 config.vision_encoder,

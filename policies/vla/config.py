@@ -111,7 +111,7 @@ class VLAConfig:
             raise ValueError(f"VLAConfig.temperature must be > 0, got {self.temperature!r}")
         self.temperature = float(self.temperature)
         self._check_backbone()
-        if self.vision_encoder != "siglip":
+        if self.keypoint_vision:
             try:
                 check_vision_encoder(self.vision_encoder)
             except ValueError:
@@ -127,7 +127,7 @@ class VLAConfig:
                 )
         check_image_shift("VLAConfig", self.vision_encoder, self.image_shift, self.image_size)
         if not isinstance(self.vision_film, bool) or (
-            self.vision_film and self.vision_encoder == "siglip"
+            self.vision_film and not self.keypoint_vision
         ):
             raise ValueError(
                 f"VLAConfig.vision_film={self.vision_film!r} must be a bool, and True only with a "
@@ -153,7 +153,7 @@ class VLAConfig:
         """The tiny backbone's sizes must build a SigLIP + Llama pair; its vocabulary is words."""
         if not isinstance(self.backbone_path, str):
             raise ValueError(f"VLAConfig.backbone_path must be a str, got {self.backbone_path!r}")
-        if not self.backbone_path and self.vision_encoder == "siglip":
+        if not self.backbone_path and not self.keypoint_vision:
             if self.image_size % self.patch_size:
                 raise ValueError(
                     f"VLAConfig.image_size={self.image_size} must be divisible by "
@@ -189,10 +189,15 @@ class VLAConfig:
         return self.state_dim + (self.env_state_dim if self.env_state_encoder == "flat" else 0)
 
     @property
+    def keypoint_vision(self) -> bool:
+        """Whether a keypoint camera encoder, not the backbone's tower, makes the image tokens."""
+        return self.vision_encoder != "siglip"
+
+    @property
     def image_tokens(self) -> int:
         """Image tokens per camera: a keypoint encoder's keypoints, or the tiny tower's patches
         (a local backbone's tower decides its own)."""
-        if self.vision_encoder != "siglip":
+        if self.keypoint_vision:
             return self.num_keypoints
         return (self.image_size // self.patch_size) ** 2
 

@@ -114,9 +114,7 @@ class VLAPolicy(ChunkedPolicy):
         mean, std = torch.tensor(built.image_mean), torch.tensor(built.image_std)
         self.register_buffer("image_mean", mean.view(1, 3, 1, 1), persistent=False)
         self.register_buffer("image_std", std.view(1, 3, 1, 1), persistent=False)
-        self.keypoint_tokens = (
-            KeypointTokens(config, hidden) if config.vision_encoder != "siglip" else None
-        )
+        self.keypoint_tokens = KeypointTokens(config, hidden) if config.keypoint_vision else None
         self.state_normalizer = (
             Normalizer(config.state_dim, "mean_std")
             if config.use_proprio and config.state_dim > 0
