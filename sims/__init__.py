@@ -26,7 +26,7 @@ from embodied.sims.registry import (  # noqa: E402
     unregister_task,
 )
 from embodied.sims.tasks.base import Task  # noqa: E402
-from embodied.sims.vector import grouped_seeds, make_vec_env  # noqa: E402
+from embodied.sims.vector import enter_worker, grouped_seeds, make_vec_env, task_module  # noqa: E402
 
 # isort: split
 # Importing a task module registers its task; this order is ``list_tasks()``'s (easiest first).
@@ -35,6 +35,7 @@ from embodied.sims.tasks import reach, push, pick_place, stack, drawer_open, but
 __all__ = [
     "Task",
     "check_env_options",
+    "enter_worker",
     "grouped_seeds",
     "list_tasks",
     "make",
@@ -43,5 +44,6 @@ __all__ = [
     "register_task",
     "suite_of",
     "task_id",
+    "task_module",
     "unregister_task",
 ]

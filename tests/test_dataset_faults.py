@@ -48,19 +48,20 @@ EPISODES = int(os.environ.get("EMBODIED_FAULT_EPISODES", "100"))
 OPTIONS = ["--task", "Reach", "--episodes", str(EPISODES), "--seed", "3", "--cutoff", "0.3"]
 OPTIONS += ["--rewind", "0.2", "image_size=16", "lossless=true"]  # lossless: bit-exact reads
 
-# `embodied collect` with a log of when each rollout finished (before it reaches the writer).
+# `embodied collect` with a log of when each episode finished: when its worker handed it to the
+# main process, before it reaches the writer.
 RUNNER = """
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's, not a background job's
 log = open(sys.argv[1], "a", buffering=1)
-import embodied.rollout.episodes as episodes
+from embodied.apps.collect_workers import EpisodeRunner
 from embodied.apps.cli import run
-rollout_vector = episodes.rollout_vector
-def logged(*args, **kwargs):
-    for traj in rollout_vector(*args, **kwargs):
-        log.write(f"{time.time()} {traj.seed}\\n")
-        yield traj
-episodes.rollout_vector = logged
+handed_back = EpisodeRunner.__iter__
+def logged(self):
+    for episodes in handed_back(self):
+        log.write(f"{time.time()} {episodes[0].traj.seed}\\n")
+        yield episodes
+EpisodeRunner.__iter__ = logged
 log.write(f"{time.time()} started\\n")
 run(["collect", *sys.argv[2:]])  # as the console script does
 """

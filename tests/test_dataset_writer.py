@@ -163,11 +163,11 @@ def test_ctrl_c_during_add_episode_keeps_the_episode(tmp_path: Path, monkeypatch
     add = _VideoEncoder.add
     calls = []
 
-    def interrupted_add(self, frames):
+    def interrupted_add(self, frames, encoded=None):
         calls.append(1)
         if len(calls) == 3:  # the second episode's first camera
             signal.raise_signal(signal.SIGINT)
-        return add(self, frames)
+        return add(self, frames, encoded)
 
     monkeypatch.setattr(_VideoEncoder, "add", interrupted_add)
     trajectories = [make_trajectory(i) for i in range(2)]
@@ -202,11 +202,11 @@ def test_a_failing_write_keeps_the_episodes_finished_before(tmp_path: Path, monk
     add = _VideoEncoder.add
     calls = []
 
-    def full_disk(self, frames):
+    def full_disk(self, frames, encoded=None):
         calls.append(1)
         if len(calls) == 7:  # the fourth episode's first camera
             raise OSError(28, "No space left on device")
-        return add(self, frames)
+        return add(self, frames, encoded)
 
     monkeypatch.setattr(_VideoEncoder, "add", full_disk)
     writer = LeRobotDatasetWriter(root, lossless=True, commit_interval_s=60)

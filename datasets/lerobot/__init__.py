@@ -69,10 +69,11 @@ per-frame columns), ``arrow`` (numpy <-> arrow), ``files`` (parquet/JSON I/O), `
 ``videos`` (mp4 encode/decode), ``lock`` (the writer lock, Ctrl-C held back), ``file_checks``
 (data and video files against the metadata), ``metadata`` (loading and checking it),
 ``validate``, ``add_feature``, ``recovery`` (picking up a dataset a writer left), ``writer``,
-``reader``, ``summary``.
+``reader``, ``prepared`` (episodes made ready for a writer elsewhere), ``summary``.
 """
 
 from embodied.datasets.lerobot.layout import CODEBASE_VERSION, DatasetBusyError, DatasetError
+from embodied.datasets.lerobot.prepared import EpisodeSettings, PreparedEpisode, prepare_episode
 from embodied.datasets.lerobot.reader import LeRobotDataset
 from embodied.datasets.lerobot.summary import dataset_summary
 from embodied.datasets.lerobot.validate import validate_dataset
@@ -84,6 +85,9 @@ __all__ = [
     "DatasetError",
     "LeRobotDataset",
     "LeRobotDatasetWriter",
+    "EpisodeSettings",
+    "PreparedEpisode",
     "dataset_summary",
+    "prepare_episode",
     "validate_dataset",
 ]

@@ -81,6 +81,32 @@ def _encode(stream: av.video.stream.VideoStream, frames: np.ndarray, first: int)
     return packets
 
 
+def _check_size(camera: str, size: tuple[int, int], info: dict) -> None:
+    """ValueError naming the camera for odd image sizes in a format that needs even ones."""
+    height, width = size
+    subsampled = not info["video.lossless"] and info["video.pix_fmt"] in EVEN_PIX_FMTS
+    if subsampled and (height % 2 or width % 2):
+        raise ValueError(
+            f"{camera}: {info['video.pix_fmt']} stores colour at half resolution and needs even "
+            f"image sizes, got {height}x{width}; use pix_fmt='yuv444p' (the default) or "
+            "lossless=True, which store any size"
+        )
+
+
+def encode_episode(frames: np.ndarray, fps: int, info: dict, camera: str = "") -> io.BytesIO:
+    """One lossy episode's ``uint8 [n, H, W, 3]`` frames as an mp4 of their own, in memory,
+    with a feature's encoder settings (``info``). Touches no shared state: episodes can be
+    encoded on several threads at once (the encoder runs without the GIL)."""
+    _check_size(camera or "the camera", frames.shape[1:3], info)
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        stream = _add_stream(container, fps, frames.shape[1:3], info)
+        container.mux(_encode(stream, frames, 0))
+        container.mux(stream.encode())
+    buffer.seek(0)
+    return buffer
+
+
 class _VideoEncoder:
     """Packs the frames of consecutive episodes into one mp4 under a temporary name.
 
@@ -98,13 +124,7 @@ class _VideoEncoder:
         """Open ``path``'s temporary file with the encoder settings from a feature's info;
         ValueError (naming the camera) for odd sizes in a format that needs even ones."""
         height, width = frame_shape[:2]
-        subsampled = not info["video.lossless"] and info["video.pix_fmt"] in EVEN_PIX_FMTS
-        if subsampled and (height % 2 or width % 2):
-            raise ValueError(
-                f"{path.parent.parent.name}: {info['video.pix_fmt']} stores colour at half "
-                f"resolution and needs even image sizes, got {height}x{width}; use "
-                "pix_fmt='yuv444p' (the default) or lossless=True, which store any size"
-            )
+        _check_size(path.parent.parent.name, (height, width), info)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.location = location  # (chunk_index, file_index) of ``path``
@@ -121,19 +141,24 @@ class _VideoEncoder:
             _add_stream(self._container, fps, self._size, info) if self._lossless else None
         )
 
-    def add(self, frames: np.ndarray) -> int:
-        """Append ``uint8 [n, H, W, 3]`` frames; return the file frame index of the first one."""
+    def add(self, frames: np.ndarray, encoded: io.BytesIO | None = None) -> int:
+        """Append ``uint8 [n, H, W, 3]`` frames; return the file frame index of the first one.
+        ``encoded``: the same frames already encoded on their own (``encode_episode`` with this
+        file's settings), as a lossy episode is; lossless ones go into the file's one stream."""
         first = self.num_frames
         if self._lossless:
             self._mux(_encode(self._stream, frames, first))
         else:
-            self._copy_episode(frames, first)
+            if encoded is None:
+                encoded = encode_episode(frames, self._fps, self._info)
+            self._copy_episode(encoded, first)
         self.num_frames += len(frames)
         return first
 
-    def _copy_episode(self, frames: np.ndarray, first: int) -> None:
-        """Encode ``frames`` on their own; copy their packets in, shifted to start at ``first``."""
-        with av.open(self._encode_alone(frames), mode="r", format="mp4") as episode:
+    def _copy_episode(self, encoded: io.BytesIO, first: int) -> None:
+        """Copy an episode's packets in (an mp4 of its own), shifted to start at ``first``."""
+        encoded.seek(0)
+        with av.open(encoded, mode="r", format="mp4") as episode:
             source = episode.streams.video[0]
             if self._stream is None:
                 self._stream = self._container.add_stream_from_template(source)
@@ -145,16 +170,6 @@ class _VideoEncoder:
                 packet.dts += shift
                 packet.stream = self._stream
                 self._mux([packet])
-
-    def _encode_alone(self, frames: np.ndarray) -> io.BytesIO:
-        """``frames`` as an mp4 of their own, in memory, with the feature's encoder settings."""
-        buffer = io.BytesIO()
-        with av.open(buffer, mode="w", format="mp4") as container:
-            stream = _add_stream(container, self._fps, self._size, self._info)
-            container.mux(_encode(stream, frames, 0))
-            container.mux(stream.encode())
-        buffer.seek(0)
-        return buffer
 
     def _mux(self, packets: list) -> None:
         """Write packets and count their bytes (the file on disk lags behind the encoder)."""

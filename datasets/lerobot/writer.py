@@ -27,12 +27,10 @@ from embodied.datasets.lerobot.files import (
 from embodied.datasets.lerobot.frames import (
     LEGACY_ACTION_PAD,
     _check_columns_match,
-    _check_episode_scalars,
     _check_value_names,
     _Column,
     _feature_spec,
     _index_columns,
-    _trajectory_columns,
 )
 from embodied.datasets.lerobot.layout import (
     COMMIT_INTERVAL_S,
@@ -53,6 +51,7 @@ from embodied.datasets.lerobot.layout import (
 )
 from embodied.datasets.lerobot.lock import DatasetLock, defer_interrupts
 from embodied.datasets.lerobot.metadata import _load_metadata
+from embodied.datasets.lerobot.prepared import EpisodeSettings, PreparedEpisode, prepare_episode
 from embodied.datasets.lerobot.recovery import _claim_new, _reopen
 from embodied.datasets.lerobot.stats import (
     _episode_stats,
@@ -235,8 +234,15 @@ class LeRobotDatasetWriter:
             self._needs_commit = False
         self.close()
 
-    def add_episode(self, traj: Trajectory) -> int:
-        """Validate and buffer one trajectory (committing when due); return its episode index.
+    @property
+    def settings(self) -> EpisodeSettings:
+        """What ``prepare_episode`` needs to make episodes ready for this writer elsewhere."""
+        legacy_pad = LEGACY_ACTION_PAD in self._info["features"]  # a dataset written before
+        return EpisodeSettings(self.fps, self._video_info, legacy_pad)
+
+    def add_episode(self, episode: Trajectory | PreparedEpisode) -> int:
+        """Validate and buffer one trajectory, or one ``prepare_episode`` made ready with this
+        writer's ``settings`` (committing when due); return its episode index.
 
         Raises ValueError when its keys, dtypes or shapes differ from the dataset's; the writer
         stays usable then.
@@ -252,13 +258,16 @@ class LeRobotDatasetWriter:
                 f"cannot add episodes to {self.root}: its features {extras} were added after "
                 "writing (add_frame_feature) and trajectories do not carry them"
             )
-        legacy_pad = LEGACY_ACTION_PAD in self._info["features"]  # a dataset written before
-        columns = _trajectory_columns(traj, legacy_pad)  # validates the trajectory
-        metadata_json = _check_episode_scalars(traj)
-        self._check_columns(columns)
+        prepared = episode
+        if not isinstance(episode, PreparedEpisode):
+            prepared = prepare_episode(episode, self.settings)
+        if prepared.settings != self.settings:
+            raise ValueError(f"the episode was prepared for another frame rate or video "
+                             f"encoding than {self.root}'s (writer.settings)")  # fmt: skip
+        self._check_columns(prepared.columns)
         with defer_interrupts():
             try:
-                self._buffer(traj, columns, metadata_json)
+                self._buffer(prepared)
             except BaseException:
                 self._salvage()
                 raise
@@ -353,19 +362,20 @@ class LeRobotDatasetWriter:
             return
         _check_columns_match(self._frame_spec, self._info["features"], columns)
 
-    def _buffer(self, traj: Trajectory, columns: Sequence[_Column], metadata_json: str) -> None:
-        """Encode the episode's images and keep its data rows, row and stats for the commit.
+    def _buffer(self, prepared: PreparedEpisode) -> None:
+        """Add the episode's images to the open videos; keep its data rows, row and stats for
+        the commit.
 
         The writer's state changes only at the end, once nothing can fail any more (the
         episode's frames are in the open video files by then: a failure leaves them after the
         buffered episodes' frames, where no episode row points).
         """
-        fps = self._info["fps"]
+        traj, fps = prepared.traj, self._info["fps"]
         episode_index, first_index = self.num_episodes, self._num_frames
         num_frames = traj.length + 1
         task_index = self._tasks.get(traj.instruction, len(self._tasks))
         values = _index_columns(num_frames, fps, episode_index, first_index, task_index)
-        values.update({column.name: column.values for column in columns})
+        values.update({column.name: column.values for column in prepared.columns})
         features = self._info["features"]
 
         row: dict[str, Any] = {
@@ -378,12 +388,14 @@ class LeRobotDatasetWriter:
         video_names = _video_keys(features)
         data_names = [name for name in features if name not in video_names]
         table = pa.table({name: _to_arrow(values[name]) for name in data_names})
-        stats = {name: _episode_stats(values[name], name in video_names) for name in features}
+        stats = {name: prepared.stats.get(name) for name in features}  # in the features' order
+        for name in DEFAULT_FEATURES:  # the index columns, known only now
+            stats[name] = _episode_stats(values[name], False)
         for name in _video_keys(features):
             if name not in self._encoders:
                 self._encoders[name] = self._open_encoder(name, values[name].shape[1:])
             encoder = self._encoders[name]
-            first_frame = encoder.add(values[name])
+            first_frame = encoder.add(values[name], prepared.videos.get(name))
             row[f"videos/{name}/chunk_index"], row[f"videos/{name}/file_index"] = encoder.location
             row[f"videos/{name}/from_timestamp"] = first_frame / fps
             row[f"videos/{name}/to_timestamp"] = (first_frame + num_frames) / fps
@@ -392,7 +404,7 @@ class LeRobotDatasetWriter:
             seed=-1 if traj.seed is None else int(traj.seed),
             suite=traj.suite,
             task_name=traj.task,
-            metadata=metadata_json,
+            metadata=prepared.metadata_json,
         )
         self._tasks.setdefault(traj.instruction, task_index)
         self._pending.append(_PendingEpisode(row=row, table=table, stats=stats))

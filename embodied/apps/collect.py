@@ -1,4 +1,4 @@
-"""``embodied collect``: vectorized rollouts written to a LeRobot v3 dataset, failures included.
+"""``embodied collect``: scripted rollouts written to a LeRobot v3 dataset, failures included.
 
 Besides clean expert demonstrations, reward models need failures on purpose: noisy experts
 (``noise``), experts cut off early (``cutoff``: that fraction of episodes keeps only its first
@@ -20,8 +20,6 @@ from __future__ import annotations
 import signal
 import threading
 import time
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,12 +27,12 @@ from typing import Any
 import numpy as np
 
 import embodied.sims as sims
+from embodied.apps.collect_workers import EpisodeRecipe, EpisodeRunner
 from embodied.core.config import SEED_MAX, seed_setting, setting, validate
 from embodied.core.run import progress_bar
-from embodied.datasets import LeRobotDatasetWriter
+from embodied.datasets import LeRobotDatasetWriter, PreparedEpisode
 from embodied.datasets.lerobot.lock import defer_interrupts
-from embodied.rewards.rewind import rewind, rewind_split
-from embodied.rollout.episodes import RECORDS, ExpertActor, RandomActor, rollout_vector
+from embodied.rollout.episodes import RECORDS
 from embodied.sims.metaworld import preset_tasks
 
 POLICIES = ("expert", "random")
@@ -52,7 +50,7 @@ class CollectConfig:
     # "expert": execute the noisy action, record the clean one (DART)
     record: str = setting("executed", choices=RECORDS)
     seed: int = seed_setting()
-    workers: int = setting(1, low=1)
+    workers: int = setting(1, low=1)  # processes running (and encoding) whole episodes
     image_size: int = setting(96, low=8, high=4096)
     cameras: list[str] = field(default_factory=lambda: ["front"])
     obs_mode: str = "pixels_state"
@@ -175,57 +173,61 @@ def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
             names = ", ".join(goals)
             raise ValueError(f"{names}: tabletop options; Meta-World tasks have one goal")
     env_kwargs |= goals
-    vec = None
+    runner: EpisodeRunner | None = None
     finished = False
     bar = progress_bar(total=cfg.episodes, desc=f"collect {cfg.task}")
     try:
-        # Ctrl-C waits until the envs are built: MuJoCo's extension module, interrupted while
+        # Ctrl-C waits until the env is built: MuJoCo's extension module, interrupted while
         # the first env imports it, fails with an ImportError instead of a KeyboardInterrupt.
         with defer_interrupts():
             if cfg.workers > 1:
                 _start_helpers_without_sigint()
-            vec = sims.make_vec_env(
-                cfg.task,
-                cfg.workers,
-                asynchronous=cfg.workers > 1,
-                autoreset_mode="disabled",
-                **env_kwargs,
-            )
-        run.writer = writer = _open_writer(cfg, vec, run.out)
+            probe = sims.make(cfg.task, **env_kwargs)  # its spaces and names; never stepped
+        try:
+            run.writer = writer = _open_writer(cfg, probe, run.out)
+        finally:
+            probe.close()
         run.first = writer.num_episodes
         seeds = [cfg.seed + e for e in range(cfg.episodes)]
         # seed -> fraction of the episode kept, for the episodes that are cut off
         cut_at = {s: rng.uniform(0.3, 0.7) for s in seeds if rng.random() < cfg.cutoff}
-        act = _policy(cfg, vec, rng)
+        recipe = EpisodeRecipe(cfg.task, env_kwargs, cfg.policy, cfg.noise, cfg.record,
+                               cfg.rewind, writer.settings, sims.task_module(cfg.task))  # fmt: skip
+        jobs = [(index, seed, cut_at.get(seed)) for index, seed in enumerate(seeds)]
+        with defer_interrupts():
+            runner = EpisodeRunner(recipe, jobs, cfg.workers)
         successes = frames = rewound = 0
         start = time.perf_counter()
+
+        def add(episodes: list[PreparedEpisode]) -> None:
+            nonlocal successes, frames, rewound
+            for episode in episodes:  # the episode, then its rewound copy when there is one
+                writer.add_episode(episode)
+                frames += episode.traj.length + 1
+            successes += episodes[0].traj.success
+            rewound += len(episodes) - 1
+            bar.update(1)
+
         with writer:
-            for traj in rollout_vector(vec, act, seeds, sims.suite_of(cfg.task)):
-                if traj.seed in cut_at:
-                    traj = cut_off(traj, cut_at[traj.seed])
-                writer.add_episode(traj)
-                successes += traj.success
-                frames += traj.length + 1
-                if traj.success and traj.length > 3 and rng.random() < cfg.rewind:
-                    copy = rewind(traj, rewind_split(traj.length, rng))
-                    writer.add_episode(copy)
-                    frames += copy.length + 1
-                    rewound += 1
-                bar.update(1)
+            try:
+                for episodes in runner:
+                    add(episodes)
+            except KeyboardInterrupt:
+                for episodes in runner.finished():  # finished, though after one still running
+                    add(episodes)
+                raise
         finished = True
     finally:
         bar.close()
-        if vec is not None:
-            with warnings.catch_warnings():  # Gymnasium warns that a step was pending: it was
-                warnings.simplefilter("ignore")
-                vec.close(terminate=not finished)  # workers stuck in a step are not waited for
+        if runner is not None:
+            runner.close(terminate=not finished)  # workers stuck in an episode are not waited for
     return CollectSummary(
         cfg.episodes, successes, frames, time.perf_counter() - start, rewound, run.out
     )
 
 
 def _start_helpers_without_sigint() -> None:
-    """Start multiprocessing's fork server (which forks the env workers) and resource tracker
+    """Start multiprocessing's fork server (which forks the workers) and resource tracker
     ignoring SIGINT.
 
     Ctrl-C in a terminal signals the whole process group: workers would die mid-step with
@@ -251,7 +253,7 @@ def _start_helpers_without_sigint() -> None:
         signal.signal(signal.SIGINT, previous)
 
 
-def _open_writer(cfg: CollectConfig, vec: Any, out: Path) -> LeRobotDatasetWriter:
+def _open_writer(cfg: CollectConfig, env: Any, out: Path) -> LeRobotDatasetWriter:
     """A writer for ``out``: a new dataset, or the one there after checking that this run's
     settings and observations match it (ValueError naming the setting otherwise)."""
 
@@ -263,21 +265,21 @@ def _open_writer(cfg: CollectConfig, vec: Any, out: Path) -> LeRobotDatasetWrite
     else:
         try:
             writer = LeRobotDatasetWriter(
-                out, fps=cfg.fps, lossless=cfg.lossless, names=_state_names(vec, cfg.obs_mode)
+                out, fps=cfg.fps, lossless=cfg.lossless, names=_state_names(env, cfg.obs_mode)
             )
         except FileExistsError as error:
             if not (out / "meta" / "info.json").exists():
                 raise ValueError(f"out: {error}") from None
             writer = append()  # another run created the dataset meanwhile
     try:
-        _check_observations(writer.features, vec, out)
+        _check_observations(writer.features, env, out)
     except BaseException:
         writer.close()
         raise
     return writer
 
 
-def _check_observations(features: dict[str, Any], vec: Any, out: Path) -> None:
+def _check_observations(features: dict[str, Any], env: Any, out: Path) -> None:
     """The env's observations must be the dataset's observation features, with their shapes."""
     import gymnasium as gym
 
@@ -299,7 +301,7 @@ def _check_observations(features: dict[str, Any], vec: Any, out: Path) -> None:
         else:
             ours[observation_feature(path)] = list(space.shape) or [1]
 
-    walk(vec.single_observation_space, ())
+    walk(env.observation_space, ())
     if set(ours) != set(recorded):
         raise ValueError(
             f"obs_mode/cameras: this run records the observations {sorted(ours)} but the dataset "
@@ -314,32 +316,8 @@ def _check_observations(features: dict[str, Any], vec: Any, out: Path) -> None:
             )
 
 
-def cut_off(traj: Any, fraction: float) -> Any:
-    """The episode stopped ``fraction`` of the way to its first success (or its end): the
-    prefix, not successful, truncated at the cut, as if the expert had been stopped there.
-    Measured to the first success because Meta-World episodes run on after it. An episode
-    that succeeds at its first step has no such prefix and is returned as it is."""
-    success = np.asarray(traj.info.get("success", np.zeros(traj.length)), dtype=bool)
-    reached = int(np.argmax(success)) + 1 if success.any() else traj.length
-    if reached < 2:
-        return traj
-    part = traj.slice(0, min(max(int(fraction * reached), 1), reached - 1))
-    part.terminated = np.zeros_like(part.terminated)
-    part.truncated = np.zeros_like(part.truncated)
-    part.truncated[-1] = True
-    return part
-
-
-def _state_names(vec: Any, obs_mode: str) -> dict[str, list[str]]:
+def _state_names(env: Any, obs_mode: str) -> dict[str, list[str]]:
     """The env's names for the state observations it returns in ``obs_mode``."""
-    names = vec.get_attr("feature_names")[0]
+    names = env.get_wrapper_attr("feature_names")
     returned = {"agent_pos"} | ({"environment_state"} if obs_mode != "pixels" else set())
     return {key: value for key, value in names.items() if key in returned}
-
-
-def _policy(cfg: CollectConfig, vec: Any, rng: np.random.Generator) -> Callable[[Any], np.ndarray]:
-    """Batched actions for every sub-env: the (noisy) scripted experts or uniform random."""
-
-    if cfg.policy == "random":
-        return RandomActor(vec, rng)
-    return ExpertActor(vec, cfg.noise, rng, record=cfg.record)
