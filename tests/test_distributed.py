@@ -57,6 +57,26 @@ def test_local_trajectories_do_not_depend_on_the_batch() -> None:
         make_rollouts(DistributedConfig(backend="mpi"), "Reach", ENV, policy, 1)
 
 
+def test_idle_envs_cost_no_policy_call(monkeypatch) -> None:
+    """Sub-envs without an episode (more envs than seeds, or finished early) keep stepping but
+    the policy is asked only for the episodes' observations."""
+    policy = _policy()
+    act, sizes = policy.act, []
+
+    def counted(obs, *args, **kwargs):
+        sizes.append(len(next(iter(obs.values()))))
+        return act(obs, *args, **kwargs)
+
+    monkeypatch.setattr(policy, "act", counted)
+    rollouts = LocalRollouts("Reach", ENV, policy, 4)
+    try:
+        (traj,) = rollouts.run([3], sample_seed=7)
+    finally:
+        rollouts.close()
+    assert sizes and set(sizes) == {1}  # three of the four envs never had an episode
+    assert len(sizes) == traj.num_decisions
+
+
 @pytest.fixture(scope="module")
 def ray_instance():
     ray = pytest.importorskip("ray")

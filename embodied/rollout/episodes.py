@@ -210,7 +210,10 @@ class PolicyActor:
 
     With ``record=True`` each decision's ``policy_outputs`` (plus the sampling-time
     ``log_prob``) is offered to ``rollout_vector`` through ``outputs``, so the trajectories carry
-    what ``Policy.log_prob`` needs (RL); ``decision_windows`` rebuilds the observations."""
+    what ``Policy.log_prob`` needs (RL); ``decision_windows`` rebuilds the observations.
+
+    A sub-env reset without an episode (``reset`` given ``None``: idle until the others finish)
+    gets zero actions and no policy call: the policy runs for the episodes only."""
 
     def __init__(
         self,
@@ -230,6 +233,8 @@ class PolicyActor:
         self.history: list[list[dict[str, np.ndarray]]] = [[] for _ in range(num_envs)]
         self.queue: list[list[np.ndarray]] = [[] for _ in range(num_envs)]
         self.instructions = [""] * num_envs
+        self.idle = [False] * num_envs  # no episode: not worth a policy call
+        self.action_dim = policy.action_spec.dim
 
     def reset(
         self,
@@ -243,6 +248,7 @@ class PolicyActor:
             self.history[i], self.queue[i] = [], []
             self.instructions[i] = instruction
             episode = None if episodes is None else episodes[k]
+            self.idle[i] = episodes is not None and episode is None
             if episode is not None:
                 key = np.random.SeedSequence([self.seed, episode]).generate_state(1)[0]
                 self.generators[i] = torch.Generator().manual_seed(int(key))
@@ -256,7 +262,7 @@ class PolicyActor:
             while len(history) < self.n_obs_steps:
                 history.insert(0, frame)
             del history[: len(history) - self.n_obs_steps]
-        need = [i for i in range(self.num_envs) if not self.queue[i]]
+        need = [i for i in range(self.num_envs) if not self.queue[i] and not self.idle[i]]
         if need:
             batch = {
                 key: torch.from_numpy(
@@ -281,7 +287,10 @@ class PolicyActor:
                     self.outputs[i] = {k: v[j].cpu().numpy() for k, v in recorded.items()}
         elif self.record:
             self.outputs = [None] * self.num_envs
-        return np.stack([self.queue[i].pop(0) for i in range(self.num_envs)])
+        rest = np.zeros(self.action_dim, dtype=np.float32)
+        return np.stack(
+            [rest if self.idle[i] else self.queue[i].pop(0) for i in range(self.num_envs)]
+        )
 
 
 class ExpertActor:
