@@ -25,6 +25,7 @@ from embodied.sims.registry import (  # noqa: E402
     task_id,
     unregister_task,
 )
+from embodied.sims.replay import ReplayFrames, attach_replay_frames, supports_render_state  # noqa: E402
 from embodied.sims.tasks.base import Task  # noqa: E402
 from embodied.sims.vector import enter_worker, grouped_seeds, make_vec_env, task_module  # noqa: E402
 
@@ -33,7 +34,9 @@ from embodied.sims.vector import enter_worker, grouped_seeds, make_vec_env, task
 from embodied.sims.tasks import reach, push, pick_place, stack, drawer_open, button_press  # noqa: E402, F401, I001
 
 __all__ = [
+    "ReplayFrames",
     "Task",
+    "attach_replay_frames",
     "check_env_options",
     "enter_worker",
     "grouped_seeds",
@@ -43,6 +46,7 @@ __all__ = [
     "make_vec_env",
     "register_task",
     "suite_of",
+    "supports_render_state",
     "task_id",
     "task_module",
     "unregister_task",

@@ -12,6 +12,10 @@ instruction names, as Meta-World's observations do: the position of the object t
 task's first target body) and of the point the task is about (``goal_pos``: the plate, the spot
 on the base block, the cap), values ``goal.object_x .. goal.target_z``. It serves state policies
 that read no language (LeRobot's diffusion policy).
+
+``render_state=True`` adds ``info["render_state"]`` at the reset and every step: the kinematic
+state (joint positions, mocap poses) that the step's camera images show, so ``render_state_image``
+re-renders them exactly later without rendering every step (``embodied.sims.replay``).
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ class TabletopEnv(gym.Env):
         terminate_on_success: bool = True,
         goal_cycle: bool = False,
         goal_state: bool = False,
+        render_state: bool = False,
     ) -> None:
         if isinstance(task, str):
             task = get_task(task)()
@@ -88,6 +93,8 @@ class TabletopEnv(gym.Env):
         # scene with every goal, so demonstrations only differ by what the instruction asks.
         self.goal_cycle = goal_cycle
         self.goal_state = goal_state
+        self.render_state = render_state
+        self._replay_data: mujoco.MjData | None = None
 
         self.model = mujoco.MjModel.from_xml_path(str(ASSET))
         set_render_quality(self.model, fast=fast_render)
@@ -142,7 +149,10 @@ class TabletopEnv(gym.Env):
         self._steps = 0
         self._guard.update(terminated=False, truncated=False)
         evaluation = self.task.evaluate(self.scene, self.goal)
-        return self._observation(evaluation), self._info(evaluation, collisions=0)
+        info = self._info(evaluation, collisions=0)
+        if self.render_state:
+            info["render_state"] = self._kinematic_state()
+        return self._observation(evaluation), info
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Apply one 4-D action for ``frame_skip`` physics steps."""
@@ -154,7 +164,16 @@ class TabletopEnv(gym.Env):
         ctrl[:3] = np.minimum(np.maximum(setpoint, WORKSPACE_LOW), WORKSPACE_HIGH)
         ctrl[3:5] = FINGER_MAX * (1.0 - float(action[3])) / 2.0
         self._blow_up.before_step()
-        mujoco.mj_step(self.model, self.data, self.frame_skip)
+        shown = None
+        if self.render_state:
+            # MuJoCo's step computes positions before it integrates, so the images show the
+            # state before the last substep: record that one (the steps are the same).
+            if self.frame_skip > 1:
+                mujoco.mj_step(self.model, self.data, self.frame_skip - 1)
+            shown = self._kinematic_state()
+            mujoco.mj_step(self.model, self.data, 1)
+        else:
+            mujoco.mj_step(self.model, self.data, self.frame_skip)
         self._steps += 1
 
         error = self._blow_up.error(self._steps)
@@ -165,6 +184,8 @@ class TabletopEnv(gym.Env):
             info["success"] = False
             info["error"] = error
             self._guard.update(terminated=False, truncated=True)
+            if self.render_state:  # MuJoCo reset the state: the images show the reset one
+                info["render_state"] = self._kinematic_state()
             return self._observation(evaluation), 0.0, False, True, info
 
         evaluation = self.task.evaluate(self.scene, self.goal)
@@ -172,6 +193,8 @@ class TabletopEnv(gym.Env):
         terminated = bool(evaluation.success and self.terminate_on_success)
         self._guard.update(terminated, truncated=False)
         info = self._info(evaluation, collisions=self._count_collisions())
+        if shown is not None:
+            info["render_state"] = shown
         return self._observation(evaluation), reward, terminated, False, info
 
     @property
@@ -188,6 +211,23 @@ class TabletopEnv(gym.Env):
         if self.render_mode is None:
             return None
         return self._renderer.render(self.data, self.cameras[0])
+
+    def render_state_image(self, state: np.ndarray) -> np.ndarray:
+        """The first camera's image of a ``render_state`` recorded in this episode (after the
+        same reset: the layout and colours come from the seed), rendered from a scratch copy of
+        the physics so the episode's own state is untouched."""
+        data = self._replay_data
+        if data is None:
+            data = self._replay_data = mujoco.MjData(self.model)
+        nq, nmocap = self.model.nq, self.model.nmocap
+        state = np.asarray(state, dtype=np.float64)
+        if state.shape != (nq + 7 * nmocap,):
+            raise ValueError(f"a render_state has {nq + 7 * nmocap} values, got {state.shape}")
+        data.qpos[:] = state[:nq]
+        data.mocap_pos[:] = state[nq : nq + 3 * nmocap].reshape(nmocap, 3)
+        data.mocap_quat[:] = state[nq + 3 * nmocap :].reshape(nmocap, 4)
+        mujoco.mj_forward(self.model, data)
+        return self._renderer.render(data, self.cameras[0])
 
     def close(self) -> None:
         """Release the renderer's GL context."""
@@ -206,6 +246,11 @@ class TabletopEnv(gym.Env):
         return np.clip(command, -1.0, 1.0).astype(np.float32)
 
     # --- internals -----------------------------------------------------------------------------
+    def _kinematic_state(self) -> np.ndarray:
+        """Joint positions and mocap poses: what the camera images depend on during an episode."""
+        data = self.data
+        return np.concatenate([data.qpos, data.mocap_pos.ravel(), data.mocap_quat.ravel()])
+
     def _observation(self, evaluation: Evaluation) -> dict[str, Any]:
         scene = self.scene
         agent_pos = np.empty(4, dtype=np.float32)

@@ -262,7 +262,7 @@ def _evaluate(
         lambda vec: PolicyActor(policy, vec.num_envs, deterministic=True, seed=cfg.eval_seed),
         cfg.eval_episodes,
         cfg.eval_seed,
-        env_kwargs(policy, reward_model),  # the reward model's camera: scores and videos
+        env_kwargs(task, policy, reward_model),  # the reward model's camera: scores and videos
         workers=min(cfg.eval_envs, cfg.eval_episodes),
         videos=cfg.videos,
         fps=cfg.fps,

@@ -47,11 +47,15 @@ class RewardModel(abc.ABC):
 
 def camera_frames(trajectory: Trajectory) -> np.ndarray:
     """The frames ``uint8 [T+1, H, W, 3]`` of a trajectory's first camera (its only camera, or
-    ``front`` before ``wrist``): the view a progress model scores."""
+    ``front`` before ``wrist``): the view a progress model scores. Without a camera among the
+    observations, the rollout's ``frames`` (the first camera's renders, possibly rendered only
+    when indexed)."""
     features = env_observation_features(trajectory.observations)
     if IMAGE_KEY in features:
         return features[IMAGE_KEY]
     cameras = [k for k in features if k.startswith(CAMERA_PREFIX)]
+    if not cameras and trajectory.frames is not None:
+        return trajectory.frames
     if not cameras:
         raise ValueError(
             f"the trajectory has no camera to score (observations: {sorted(features)}); roll out "

@@ -60,6 +60,7 @@ def rollout_task(
         )
     finally:
         vec.close()
+    sims.attach_replay_frames(trajs, task, env_kwargs)
     return sorted(trajs, key=lambda t: t.seed)
 
 

@@ -45,14 +45,17 @@ class DistributedConfig:
 
 
 def _rollout(vec: Any, policy: Any, seeds: Sequence[int], ids: Sequence[int], sample_seed: int,
-             deterministic: bool) -> list[Any]:  # fmt: skip
-    """Episodes ``seeds`` (ids ``ids``) on ``vec``, decisions recorded, in the given order."""
+             deterministic: bool, task: str, env_kwargs: dict[str, Any]) -> list[Any]:  # fmt: skip
+    """Episodes ``seeds`` (ids ``ids``) on ``vec`` (built from ``task`` and ``env_kwargs``),
+    decisions recorded, in the given order; with ``render_state`` their frames render when read."""
     actor = PolicyActor(
         policy, vec.num_envs, deterministic=deterministic, seed=sample_seed, record=True
     )
     trajs = rollout_vector(vec, actor, list(seeds), episode_ids=list(ids))
     by_id = {int(t.metadata["episode_id"]): t for t in trajs}  # yielded in finishing order
-    return [by_id[i] for i in ids]
+    ordered = [by_id[i] for i in ids]
+    sims.attach_replay_frames(ordered, task, env_kwargs)
+    return ordered
 
 
 class LocalRollouts:
@@ -66,7 +69,7 @@ class LocalRollouts:
         num_envs: int,
         asynchronous: bool = False,
     ) -> None:
-        self.policy = policy
+        self.policy, self.task, self.env_kwargs = policy, task, env_kwargs
         self.vec = sims.make_vec_env(
             task, num_envs, asynchronous=asynchronous, autoreset_mode="disabled", **env_kwargs
         )
@@ -77,7 +80,9 @@ class LocalRollouts:
 
     def run(self, seeds: Sequence[int], sample_seed: int, deterministic: bool = False) -> list[Any]:
         """One episode per seed, in order."""
-        return _rollout(self.vec, self.policy, seeds, range(len(seeds)), sample_seed, deterministic)
+        ids = range(len(seeds))
+        return _rollout(self.vec, self.policy, seeds, ids, sample_seed, deterministic, self.task,
+                        self.env_kwargs)  # fmt: skip
 
     def close(self) -> None:
         self.vec.close()
@@ -88,7 +93,7 @@ class RolloutWorker:
 
     def __init__(self, task: str, env_kwargs: dict[str, Any], policy: Any, num_envs: int) -> None:
         torch.set_num_threads(1)  # one core per worker: the workers share the machine
-        self.policy = policy.eval()
+        self.policy, self.task, self.env_kwargs = policy.eval(), task, env_kwargs
         self.vec = sims.make_vec_env(task, num_envs, autoreset_mode="disabled", **env_kwargs)
 
     def set_weights(self, state: dict[str, Any]) -> bool:
@@ -96,7 +101,8 @@ class RolloutWorker:
         return True
 
     def run(self, seeds: list[int], ids: list[int], sample_seed: int, deterministic: bool) -> list:
-        return _rollout(self.vec, self.policy, seeds, ids, sample_seed, deterministic)
+        return _rollout(self.vec, self.policy, seeds, ids, sample_seed, deterministic, self.task,
+                        self.env_kwargs)  # fmt: skip
 
     def pid(self) -> int:
         return os.getpid()

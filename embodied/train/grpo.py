@@ -235,7 +235,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     returns_of = TrajectoryScore({"success": cfg.success_weight, "progress": cfg.progress_weight})
     # The monitor compares a model's progress with the simulator's, where the env records it.
     monitored = cfg.reward in ("learned", "judge")
-    kwargs = env_kwargs(policy, reward_model, cfg.env)
+    kwargs = env_kwargs(cfg.task, policy, reward_model, cfg.env)
     check_task(policy, cfg.task, kwargs)
     num_envs = cfg.num_envs or cfg.groups * cfg.group_size
     first_corr: float | None = None

@@ -87,15 +87,18 @@ def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> A
 
 
 def env_kwargs(
-    policy: Any, reward_model: RewardModel, extra: dict[str, Any] | None = None
+    task: str, policy: Any, reward_model: RewardModel, extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Env options giving the policy its inputs (plus ``extra``, the config's ``env``) and a
     frame-reading reward model its camera (the first one: ``front`` on the tabletop) at its
-    size."""
+    size. A state policy's tabletop rollouts record render states and render only the frames
+    the reward model reads (``embodied.sims.replay``); other envs render every step."""
     kwargs = env_options(policy.observation_spec) | dict(extra or {})
     size = reward_model.image_size
     if size is not None:
-        if kwargs["obs_mode"] == "state":
+        if kwargs["obs_mode"] == "state" and sims.supports_render_state(task):
+            kwargs.update(render_state=True, image_size=tuple(size))
+        elif kwargs["obs_mode"] == "state":
             kwargs.update(obs_mode="pixels_state", image_size=tuple(size))
         elif tuple(kwargs["image_size"]) != tuple(size):
             raise ValueError(

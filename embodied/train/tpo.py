@@ -118,7 +118,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
     policy = onpolicy.load_policy(cfg.policy, cfg.policy_overrides, device).eval()
     initial = copy.deepcopy(policy).requires_grad_(False) if cfg.reference == "initial" else None
     reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
-    kwargs = onpolicy.env_kwargs(policy, reward_model, cfg.env)
+    kwargs = onpolicy.env_kwargs(cfg.task, policy, reward_model, cfg.env)
     onpolicy.check_task(policy, cfg.task, kwargs)
     num_envs = cfg.num_envs or cfg.groups * cfg.group_size
     probe = sims.make(cfg.task, obs_mode="state")

@@ -1,0 +1,84 @@
+"""Camera images of a finished episode, rendered only when read.
+
+A rollout run with ``render_state=True`` (tabletop tasks) records the kinematic state each step's
+images would show instead of rendering them. ``ReplayFrames`` stands in for the episode's
+``[T+1, H, W, 3]`` images: indexing it renders just those steps, exactly as the rollout would have
+(a progress model reads 8 frames of a 100-step episode; rendering is most of a CPU rollout's
+cost). It holds only the task, the env options, the seed and the states, so it pickles (Ray);
+each process renders with one replay env per task and options, reset to the episode's seed
+(the layout and colours come from the seed, the states from the recording).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from embodied.sims.registry import make, suite_of
+
+_replay_envs: dict[tuple[str, str], Any] = {}  # (task, options) -> [env, seed it was reset to]
+
+
+def supports_render_state(task: str) -> bool:
+    """Whether ``task``'s env can record render states (the tabletop suite)."""
+    return suite_of(task) == "tabletop"
+
+
+def attach_replay_frames(trajectories: list[Any], task: str, env_kwargs: dict[str, Any]) -> None:
+    """Give each trajectory rolled out with ``render_state=True`` and no captured ``frames`` a
+    ``ReplayFrames`` of its recorded states (reset with its seed alone)."""
+    if not env_kwargs.get("render_state"):
+        return
+    for traj in trajectories:
+        if traj.frames is not None:  # captured for a video already
+            continue
+        first = traj.metadata["reset_info"]["render_state"]
+        states = np.concatenate([np.asarray(first)[None], traj.info["render_state"]])
+        traj.frames = ReplayFrames(task, env_kwargs, traj.seed, states)
+
+
+class ReplayFrames:
+    """The first camera's images of one episode, rendered from its recorded render states when
+    indexed (an int gives ``[H, W, 3]``, a slice or index array ``[k, H, W, 3]``)."""
+
+    def __init__(
+        self, task: str, env_kwargs: dict[str, Any], seed: int | None, states: np.ndarray
+    ) -> None:
+        """``env_kwargs``: options of the env that renders (its camera and image size);
+        ``states``: ``[T+1, S]`` render states, the reset's first."""
+        if seed is None:
+            raise ValueError("replaying an episode needs the seed it was reset with")
+        self.task, self.env_kwargs, self.seed = task, dict(env_kwargs), int(seed)
+        self.states = np.asarray(states, dtype=np.float64)
+        size = self.env_kwargs.get("image_size", 96)
+        height, width = (size, size) if np.isscalar(size) else tuple(size)
+        self.shape = (len(self.states), int(height), int(width), 3)
+        self.dtype = np.dtype(np.uint8)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        picks = np.arange(len(self))[index]
+        env = self._env()
+        if np.ndim(picks) == 0:
+            return env.render_state_image(self.states[picks])
+        return np.stack([env.render_state_image(self.states[i]) for i in picks]).astype(np.uint8)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """Every frame (renders them all)."""
+        frames = self[:]
+        return frames if dtype is None else frames.astype(dtype)
+
+    def _env(self) -> Any:
+        """This process's replay env for the task and options, reset to the episode's seed."""
+        key = (self.task, repr(sorted(self.env_kwargs.items())))
+        if key not in _replay_envs:
+            kwargs = {**self.env_kwargs, "obs_mode": "state", "render_state": False}
+            _replay_envs[key] = [make(self.task, **kwargs), None]
+        entry = _replay_envs[key]
+        if entry[1] != self.seed:
+            entry[0].reset(seed=self.seed)
+            entry[1] = self.seed
+        return entry[0].unwrapped
