@@ -89,6 +89,7 @@ class EpisodeRunner:
     def __init__(self, recipe: EpisodeRecipe, jobs: list[tuple], workers: int) -> None:
         self.jobs, self._next = jobs, 0
         self._pool: Any = None
+        workers = min(workers, max(len(jobs), 1))  # no process without an episode to run
         if workers == 1:
             start_worker(recipe)
             return
