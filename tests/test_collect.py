@@ -86,6 +86,39 @@ def test_two_workers_collect_the_dataset_one_worker_collects(tmp_path) -> None:
     assert stats[0] == stats[1]
 
 
+CRASHING_TASK = """
+import multiprocessing, os
+
+from embodied.sims import register_task
+from embodied.sims.tasks.reach import Reach
+
+
+@register_task
+class CrashInWorkers(Reach):
+    name = "CrashInWorkers"
+
+    def expert(self, scene, goal):
+        if multiprocessing.parent_process() is not None:
+            os._exit(3)  # as a worker killed by the OOM killer or a segfault
+        return super().expert(scene, goal)
+"""
+
+
+def test_a_worker_that_dies_is_an_error_not_a_hang(tmp_path, monkeypatch) -> None:
+    from embodied.apps.collect import CollectConfig, run_collect
+
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable by name in the workers
+    (tmp_path / "crash_in_workers.py").write_text(CRASHING_TASK)
+    __import__("crash_in_workers")
+    try:
+        cfg = CollectConfig(task="CrashInWorkers", episodes=4, workers=2, obs_mode="state",
+                            out=str(tmp_path / "data"))  # fmt: skip
+        with pytest.raises(RuntimeError, match="a collection worker died .* from seed 0"):
+            run_collect(cfg)
+    finally:
+        sims.unregister_task("CrashInWorkers")
+
+
 def test_cutoff_stops_before_the_first_success() -> None:
     """Meta-World episodes run on after success: the cut is a fraction of the way to it."""
     from embodied.apps.collect_workers import cut_off

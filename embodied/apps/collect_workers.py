@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +86,8 @@ def run_episode(index: int, seed: int, keep: float | None) -> list[PreparedEpiso
 
 class EpisodeRunner:
     """A run's episodes (``(index, seed, keep)`` jobs) on ``workers`` processes, or in this
-    one for a single worker, handed back in job order. Built once every worker has its env."""
+    one for a single worker, handed back in job order. Built once every worker has its env; a
+    worker that dies (killed, crashed) is a RuntimeError naming the episode, not a hang."""
 
     def __init__(self, recipe: EpisodeRecipe, jobs: list[tuple], workers: int) -> None:
         self.jobs, self._next = jobs, 0
@@ -97,13 +100,13 @@ class EpisodeRunner:
         # A fork server starts workers clean (no GL state inherited; see sims.make_vec_env).
         context = multiprocessing.get_context("forkserver" if "forkserver" in methods else None)
         ready = context.Semaphore(0)
-        self._pool = context.Pool(workers, start_worker, (recipe, ready))
+        self._pool = ProcessPoolExecutor(workers, context, start_worker, (recipe, ready))
+        self._results = [self._pool.submit(run_episode, *job) for job in jobs]  # starts them
         for _ in range(workers):
             if not ready.acquire(timeout=STARTUP_TIMEOUT_S):
-                self._pool.terminate()
+                self.close(terminate=True)
                 raise RuntimeError(f"a collection worker did not build its {recipe.task} env "
                                    f"within {STARTUP_TIMEOUT_S} s")  # fmt: skip
-        self._results = [self._pool.apply_async(run_episode, job) for job in jobs]
 
     def __iter__(self) -> Iterator[list[PreparedEpisode]]:
         """Each job's episodes, in job order, as they come."""
@@ -111,7 +114,14 @@ class EpisodeRunner:
             if self._pool is None:
                 episodes = run_episode(*self.jobs[self._next])
             else:
-                episodes = self._results[self._next].get()
+                try:
+                    episodes = self._results[self._next].result()
+                except BrokenProcessPool:
+                    seed = self.jobs[self._next][1]
+                    raise RuntimeError(
+                        f"a collection worker died (killed or crashed) before the episode from "
+                        f"seed {seed} came back; the episodes before it are in the dataset"
+                    ) from None
             self._next += 1
             yield episodes
 
@@ -120,17 +130,16 @@ class EpisodeRunner:
         if self._pool is None:
             return []
         left, self._next = self._results[self._next :], len(self.jobs)
-        return [result.get() for result in left if result.ready() and result.successful()]
+        done = [f for f in left if f.done() and not f.cancelled() and f.exception() is None]
+        return [future.result() for future in done]
 
     def close(self, terminate: bool = False) -> None:
-        """Stop the workers (``terminate``: without waiting for their episodes)."""
+        """Stop the workers (``terminate``: drop the episodes not started, and do not wait for
+        the running ones)."""
         if self._pool is None:
             close_worker()
-        elif terminate:
-            self._pool.terminate()
         else:
-            self._pool.close()
-            self._pool.join()
+            self._pool.shutdown(wait=not terminate, cancel_futures=terminate)
 
 
 def cut_off(traj: Any, fraction: float) -> Any:
