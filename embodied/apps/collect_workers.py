@@ -11,6 +11,7 @@ so one worker or several write the same dataset.
 from __future__ import annotations
 
 import multiprocessing
+import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -102,8 +103,13 @@ class EpisodeRunner:
         ready = context.Semaphore(0)
         self._pool = ProcessPoolExecutor(workers, context, start_worker, (recipe, ready))
         self._results = [self._pool.submit(run_episode, *job) for job in jobs]  # starts them
-        for _ in range(workers):
-            if not ready.acquire(timeout=STARTUP_TIMEOUT_S):
+        started, deadline = 0, time.monotonic() + STARTUP_TIMEOUT_S
+        while started < workers:
+            if ready.acquire(timeout=0.1):
+                started += 1
+            elif any(result.done() for result in self._results):
+                break  # episodes are coming back, or a worker died: iterating says which
+            elif time.monotonic() > deadline:
                 self.close(terminate=True)
                 raise RuntimeError(f"a collection worker did not build its {recipe.task} env "
                                    f"within {STARTUP_TIMEOUT_S} s")  # fmt: skip
