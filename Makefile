@@ -16,12 +16,14 @@ export MUJOCO_GL ?= egl
 LATEST := .venv-mujoco-latest
 
 # LeRobot interop (`make test-lerobot`): LeRobot needs Python 3.12 and its own torch, so it gets an
-# environment of its own. The pinned LeRobot and this toolkit's dependencies are installed once into
-# a cache shared by every checkout (keyed by the LeRobot version); each checkout then makes a small
-# venv that sees the cache's packages (a .pth file) and installs itself editable on top.
+# environment of its own. The pinned LeRobot (with the extras its diffusion policy and SmolVLA need)
+# and this toolkit's dependencies are installed once into a cache shared by every checkout (keyed by
+# the LeRobot version and extras); each checkout then makes a small venv that sees the cache's
+# packages (a .pth file) and installs itself editable on top.
 LEROBOT_VERSION ?= 0.6.1
-LEROBOT_EXTRAS ?= dataset,training,diffusion
-LEROBOT_CACHE ?= $(HOME)/.cache/embodied-toolkit/lerobot-$(LEROBOT_VERSION)-py312
+LEROBOT_EXTRAS ?= dataset,training,diffusion,smolvla
+comma := ,
+LEROBOT_CACHE ?= $(HOME)/.cache/embodied-toolkit/lerobot-$(LEROBOT_VERSION)-py312-$(subst $(comma),-,$(LEROBOT_EXTRAS))
 LEROBOT_VENV := .venv-lerobot
 # The first Python 3.12 that runs: python3.12 on PATH (a pyenv shim may not), then pyenv's.
 LEROBOT_PYTHON ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),$(if $(shell $(p) -c 'import sys; print(sys.version_info[:2] == (3, 12))' 2>/dev/null | grep True),$(p))))

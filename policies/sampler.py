@@ -93,9 +93,13 @@ def euler_step(x: torch.Tensor, v: torch.Tensor, dt: float) -> torch.Tensor:
 
 
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """``sum over (T, A) of log N(x; mean, std^2)``: ``[N, T, A] -> [N]``."""
-    z = (x - mean) / std
-    return (-0.5 * z**2 - std.log() - LOG_SQRT_2PI).sum(dim=(1, 2))
+    """``sum over (T, A) of log N(x; mean, std^2)``: ``[N, T, A] -> [N]``. Entries whose std is 0
+    are deterministic (``x`` is the mean there: a chunk's padding) and add nothing."""
+    noisy = std > 0
+    safe = torch.where(noisy, std, torch.ones_like(std))  # finite everywhere, gradients too
+    z = (x - mean) / safe
+    terms = -0.5 * z**2 - safe.log() - LOG_SQRT_2PI
+    return torch.where(noisy, terms, torch.zeros_like(terms)).sum(dim=(1, 2))
 
 
 class Step(NamedTuple):

@@ -1,5 +1,7 @@
-"""The denoising steps of a LeRobot diffusion policy's scheduler (diffusers' ``DDIMScheduler`` or
-``DDPMScheduler``), written out for per-sample timesteps and gradients, and made DPPO Gaussians.
+"""The sampling chains of LeRobot policies as the toolkit runs them (``LeRobotChain``), and the
+diffusion policy's (``DiffusionChain``): the denoising steps of its scheduler (diffusers'
+``DDIMScheduler`` or ``DDPMScheduler``), written out for per-sample timesteps and gradients, and
+made DPPO Gaussians. The flow-matching SmolVLA's chain is in ``smolvla.py``.
 
 LeRobot samples with ``scheduler.step(model_output, t, x)`` for ``t`` in ``scheduler.timesteps``.
 The formulas here are that code's, term by term, with ``alphas_cumprod`` indexed per sample, so the
@@ -28,10 +30,14 @@ A fine-tuned (stochastic) step is ``N(mean, max(sigma, min_std)^2)``, with DDIM'
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import nn
+
+from embodied.core.sampling import Generators, randn
+from embodied.policies.sampler import Step, gaussian_log_prob
 
 PREDICTION_TYPES = ("epsilon", "sample")
 
@@ -122,3 +128,120 @@ class SchedulerSteps(nn.Module):
         variance = ((1 - abar_prev) / (1 - abar) * beta).clamp(min=1e-20)
         noisy = (t > 0).view(-1, 1, 1)
         return mean, torch.where(noisy, variance**0.5, torch.zeros_like(variance))
+
+
+class LeRobotChain(nn.Module):
+    """What a LeRobot policy type adds to ``LeRobotPolicy``: its sampling chain over the network
+    LeRobot built (``model``, a reference: the policy owns it and saves it in LeRobot's format),
+    in LeRobot's normalised action space. ``run_chain`` (``policies/sampler.py``) drives it."""
+
+    time_key: ClassVar[str]  # where policy_outputs records the stochastic steps' times
+    time_dtype: ClassVar[torch.dtype]
+    times: torch.Tensor  # [N] the chain's times, in order
+
+    def __init__(self, model: nn.Module, min_std: float) -> None:
+        super().__init__()
+        object.__setattr__(self, "model", model)  # not a submodule: no second copy of its weights
+        self.min_std = min_std
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The chain's ``x`` per decision: ``(chunk length, action values)``."""
+        raise NotImplementedError
+
+    def context(self, batch: Mapping[str, torch.Tensor]) -> Any:
+        """What every step of one decision reads, from LeRobot's normalised batch (once)."""
+        raise NotImplementedError
+
+    def lerobot_step(
+        self, x: torch.Tensor, t: torch.Tensor, context: Any, generator: Generators
+    ) -> torch.Tensor:
+        """LeRobot's own step from ``x`` at per-sample times ``t [B]`` (its noise, if any, from
+        ``generator``; none without one)."""
+        raise NotImplementedError
+
+    def gaussian_step(self, x: torch.Tensor, t: torch.Tensor, context: Any) -> Step:
+        """A fine-tuned (recorded) step: ``N(mean, std^2)`` and its noiseless update."""
+        raise NotImplementedError
+
+    def log_probs(
+        self, context: Any, t: torch.Tensor, x: torch.Tensor, x_next: torch.Tensor, k: int
+    ) -> torch.Tensor:
+        """Log-densities ``[B * K]`` of recorded steps (``recorded_steps``' flat ``t``, ``x``,
+        ``x_next``, K per decision), with gradients."""
+        raise NotImplementedError
+
+    def executed(self, x: torch.Tensor) -> torch.Tensor:
+        """The normalised actions a decision executes, ``[B, n_action_steps, A]``, of its final
+        ``x``."""
+        raise NotImplementedError
+
+
+class DiffusionChain(LeRobotChain):
+    """LeRobot's diffusion policy: its scheduler's steps over the U-Net conditioned on
+    ``DiffusionModel._prepare_global_conditioning`` (module docstring)."""
+
+    time_key = "timesteps"
+    time_dtype = torch.long
+
+    def __init__(self, model: nn.Module, min_std: float, ddim_eta: float) -> None:
+        super().__init__(model, min_std)
+        diffusion = model.diffusion
+        diffusion.noise_scheduler.set_timesteps(diffusion.num_inference_steps)
+        self.steps = SchedulerSteps(diffusion.noise_scheduler)
+        self.ddim_eta = ddim_eta
+
+    @property
+    def times(self) -> torch.Tensor:  # type: ignore[override]
+        """The scheduler's timesteps, descending."""
+        return self.steps.timesteps
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(horizon, action size)``."""
+        config = self.model.config
+        return config.horizon, int(config.output_features["action"].shape[0])
+
+    def context(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """LeRobot's global conditioning ``[B, G]`` (its own encoders; cameras stacked)."""
+        batch = dict(batch)
+        image_keys = list(self.model.config.image_features)
+        if image_keys:
+            batch["observation.images"] = torch.stack([batch[key] for key in image_keys], dim=-4)
+        return self.model.diffusion._prepare_global_conditioning(batch)
+
+    def _terms(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> StepTerms:
+        """One U-Net call at ``x_t`` (per-sample ``t``), as the scheduler's step reads it."""
+        output = self.model.diffusion.unet(x, t, global_cond=cond)
+        return self.steps.terms(output, x, t)
+
+    def lerobot_step(
+        self, x: torch.Tensor, t: torch.Tensor, context: Any, generator: Generators
+    ) -> torch.Tensor:
+        """DDIM at ``eta = 0``; DDPM's mean plus its noise (none without a ``generator``: the
+        noiseless chain of deterministic acting)."""
+        mean, sigma = self.steps.mean_std(self._terms(x, t, context), x, t, eta=0.0)
+        if self.steps.ddim or generator is None:
+            return mean
+        return mean + sigma * randn(x.shape, generator, device=x.device)
+
+    def gaussian_step(self, x: torch.Tensor, t: torch.Tensor, context: Any) -> Step:
+        """``N(mean, max(sigma, min_std)^2)`` (DDIM at ``ddim_eta``) and the noiseless update
+        of the same U-Net call."""
+        terms = self._terms(x, t, context)
+        mean, sigma = self.steps.mean_std(terms, x, t, eta=self.ddim_eta)
+        noiseless = mean if not self.steps.ddim else self.steps.mean_std(terms, x, t, 0.0)[0]
+        return Step(mean, sigma.clamp(min=self.min_std), noiseless)
+
+    def log_probs(
+        self, context: Any, t: torch.Tensor, x: torch.Tensor, x_next: torch.Tensor, k: int
+    ) -> torch.Tensor:
+        """One batched U-Net call over the ``B * K`` recorded steps."""
+        step = self.gaussian_step(x, t, context.repeat_interleave(k, dim=0))
+        return gaussian_log_prob(x_next, step.mean, step.std)
+
+    def executed(self, x: torch.Tensor) -> torch.Tensor:
+        """Chunk steps ``n_obs_steps - 1 ..`` (as LeRobot's ``generate_actions``)."""
+        config = self.model.config
+        start = config.n_obs_steps - 1
+        return x[:, start : start + config.n_action_steps]

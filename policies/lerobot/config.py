@@ -27,7 +27,8 @@ from embodied.core.config import check_floats
 FINETUNING_NAME = "embodied_finetuning.json"
 PREPROCESSOR_NAME = "policy_preprocessor.json"
 POSTPROCESSOR_NAME = "policy_postprocessor.json"
-SUPPORTED_TYPES = ("diffusion",)
+SUPPORTED_TYPES = ("diffusion", "smolvla")
+HORIZON_FIELDS = {"diffusion": "horizon", "smolvla": "chunk_size"}  # the predicted chunk's length
 RL_SETTINGS = ("finetune_steps", "min_std", "ddim_eta", "init_noise")
 
 
@@ -38,12 +39,13 @@ def is_lerobot_config(config: dict[str, Any]) -> bool:
 
 @dataclass
 class LeRobotPolicyConfig:
-    """A LeRobot policy and the toolkit's DPPO settings for fine-tuning it.
+    """A LeRobot policy and the toolkit's settings for fine-tuning it with RL.
 
-    ``finetune_steps`` of the last denoising steps are stochastic and recorded (None: all of
-    them); each samples ``N(mean, max(sigma, min_std)^2)`` in LeRobot's normalised action space,
-    DDIM steps with ``eta = ddim_eta`` (``policies/lerobot/chain.py``), from ``x_T ~ N(0,
-    init_noise^2 I)``: 0 starts where deterministic acting starts, so RL trains the greedy chain.
+    ``finetune_steps`` of the last sampler steps are stochastic and recorded (None: all of them),
+    in LeRobot's normalised action space, from ``x ~ N(0, init_noise^2 I)``: 0 starts where
+    deterministic acting starts, so RL trains the greedy chain. A diffusion step samples
+    ``N(mean, max(sigma, min_std)^2)``, DDIM at ``eta = ddim_eta`` (DPPO; ``chain.py``); a
+    SmolVLA step ``N(Euler mean, min_std^2)`` on the action values (ReinFlow; ``smolvla.py``).
     """
 
     lerobot: dict[str, Any] = field(default_factory=dict)  # LeRobot's config.json, with "type"
@@ -60,8 +62,7 @@ class LeRobotPolicyConfig:
         if kind not in SUPPORTED_TYPES:
             raise ValueError(
                 f"LeRobot policy type {kind!r} is not supported here; supported: "
-                f"{', '.join(SUPPORTED_TYPES)} (LeRobot's flow-matching policies, smolvla and "
-                "pi0, have no adapter yet)"
+                f"{', '.join(SUPPORTED_TYPES)}"
             )
         steps = self.num_inference_steps
         if self.finetune_steps is None:
@@ -79,7 +80,10 @@ class LeRobotPolicyConfig:
 
     @property
     def num_inference_steps(self) -> int:
-        """Denoising steps per decision (LeRobot: ``num_train_timesteps`` when unset)."""
+        """Sampler steps per decision (diffusion: ``num_train_timesteps`` when unset; SmolVLA:
+        ``num_steps``, 10 by default)."""
+        if self.lerobot.get("type") == "smolvla":
+            return int(self.lerobot.get("num_steps", 10))
         steps = self.lerobot.get("num_inference_steps")
         return int(steps if steps is not None else self.lerobot.get("num_train_timesteps", 100))
 

@@ -1,26 +1,26 @@
-"""A LeRobot diffusion policy (``lerobot-train --policy.type=diffusion``) as a toolkit ``Policy``,
-with DPPO's exact log-probabilities over its denoising chain, so ``embodied eval``,
-``embodied train grpo`` and ``tpo`` run on it and it saves back in LeRobot's layout.
+"""A LeRobot policy as a toolkit ``Policy``: its diffusion policy (``lerobot-train
+--policy.type=diffusion``) with DPPO's exact log-probabilities over the denoising chain, and SmolVLA
+(``--policy.type=smolvla``) with ReinFlow's over its flow-matching chain. ``embodied eval``,
+``embodied train grpo`` and ``tpo`` run on them, and they save back in LeRobot's layout.
 
-Everything numeric is LeRobot's own: its network (``DiffusionPolicy``: ResNet image encoders,
-the conditional U-Net), its processors (rename, normalise observations and actions as its
-``normalization_mapping`` says, unnormalise actions) and its scheduler's formulas
-(``chain.py``). ``act`` maps the toolkit's observation windows ``{feature: [B, n_obs, ...]}``
-(uint8 ``[H, W, 3]`` images, LeRobot's feature names) to LeRobot's batch (float ``[3, H, W]``
-images in [0, 1]), normalises it with the preprocessor, encodes it with
-``DiffusionModel._prepare_global_conditioning`` and runs the chain over the scheduler's timesteps:
+Everything numeric is LeRobot's own: its network, its processors (rename, normalise observations
+and actions as its ``normalization_mapping`` says, tokenise the instruction for SmolVLA,
+unnormalise actions) and its sampler's formulas, per type a ``LeRobotChain`` (diffusion:
+``chain.py``; SmolVLA: ``smolvla.py``). ``act`` maps the toolkit's observation windows
+``{feature: [B, n_obs, ...]}`` (uint8 ``[H, W, 3]`` images, LeRobot's feature names) and the
+instructions to LeRobot's batch (float ``[3, H, W]`` images in [0, 1], ``task`` strings), runs
+the preprocessor, computes what every step reads once (the chain's ``context``) and runs the chain:
 
-- ``deterministic=True``: ``x_T = 0`` and LeRobot's noiseless steps (DDIM ``eta = 0``; DDPM's
-  mean), so the actions equal LeRobot's ``predict_action_chunk(batch, noise=zeros)``.
-- ``deterministic=False`` (RL): ``x_T ~ N(0, init_noise^2 I)`` (1: LeRobot's and DPPO's start;
-  0: deterministic acting's, so RL trains the greedy chain); the first ``N - K`` steps are
-  LeRobot's own (DDIM ``eta = 0``; DDPM with its noise), each of the last ``K = finetune_steps``
-  a recorded Gaussian ``N(mean, max(sigma, min_std)^2)`` (DDIM mean and sigma at ``ddim_eta``).
+- ``deterministic=True``: ``x = 0`` and LeRobot's noiseless steps, so the actions equal LeRobot's
+  ``predict_action_chunk(batch, noise=zeros)``.
+- ``deterministic=False`` (RL): ``x ~ N(0, init_noise^2 I)`` (1: LeRobot's start; 0: deterministic
+  acting's, so RL trains the greedy chain); the first ``N - K`` steps are LeRobot's own, each of
+  the last ``K = finetune_steps`` a recorded Gaussian (the chain's ``gaussian_step``).
 
-``policy_outputs`` records the normalised ``chain [B, K+1, horizon, A]``, ``timesteps [B, K]`` and
-per-step ``log_probs [B, K]``; ``log_prob`` recomputes them in one batched pass through LeRobot's
-network, with gradients. Executed actions are chunk steps ``n_obs_steps - 1 ..`` (as LeRobot's
-``generate_actions``), unnormalised by the postprocessor and not clipped (LeRobot does not clip).
+``policy_outputs`` records the normalised ``chain [B, K+1, *chunk]``, the steps' times ``[B, K]``
+(``timesteps`` or ``taus``) and per-step ``log_probs [B, K]``; ``log_prob`` recomputes them through
+LeRobot's network, with gradients. Executed actions are unnormalised by the postprocessor and not
+clipped (LeRobot does not clip).
 
 LeRobot is imported only when such a policy is built (it needs Python >= 3.12), so importing
 ``embodied.policies`` works without it.
@@ -35,7 +35,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,17 +52,19 @@ from embodied.core.pretrained import load_exact
 from embodied.core.sampling import Generators, randn
 from embodied.policies.base import check_instructions
 from embodied.policies.diffusion.conditioning import observation_window
-from embodied.policies.lerobot.chain import SchedulerSteps
+from embodied.policies.lerobot.chain import DiffusionChain, LeRobotChain
 from embodied.policies.lerobot.config import (
     FINETUNING_NAME,
+    HORIZON_FIELDS,
     RL_SETTINGS,
     LeRobotPolicyConfig,
     is_lerobot_config,
     read_lerobot_directory,
 )
-from embodied.policies.sampler import Step, gaussian_log_prob, recorded_steps, run_chain
+from embodied.policies.lerobot.smolvla import SmolVLAChain
+from embodied.policies.sampler import recorded_steps, run_chain
 
-IMAGES = "observation.images"  # LeRobot's key of all cameras stacked [B, n_obs, cams, 3, H, W]
+EMPTY_CAMERA = "empty_camera_"  # SmolVLA's stand-ins for absent cameras (it fills them itself)
 
 
 def _lerobot() -> Any:
@@ -96,11 +98,10 @@ def _config_dict(config: Any) -> dict[str, Any]:
 
 @register_policy("lerobot", recognizes=is_lerobot_config)
 class LeRobotPolicy(Policy):
-    """A LeRobot diffusion policy with DPPO log-probabilities (module docstring)."""
+    """A LeRobot diffusion policy or SmolVLA with exact log-probabilities (module docstring)."""
 
     config_class = LeRobotPolicyConfig
     config: LeRobotPolicyConfig
-    time_key: ClassVar[str] = "timesteps"
 
     def __init__(self, config: LeRobotPolicyConfig) -> None:
         super().__init__(config)
@@ -110,11 +111,25 @@ class LeRobotPolicy(Policy):
         if getattr(build, "pretrained_backbone_weights", None) is not None:
             # Weights come from model.safetensors (or training); do not download ImageNet's.
             build.pretrained_backbone_weights = None
-        self.model = get_policy_class(build.type)(build)
-        self.build_processors()
-        diffusion = self.model.diffusion
-        diffusion.noise_scheduler.set_timesteps(diffusion.num_inference_steps)
-        self.steps = SchedulerSteps(diffusion.noise_scheduler)
+        try:
+            self.model = get_policy_class(build.type)(build)
+            self.build_processors()
+        except OSError as error:  # a VLM directory or Hub name that is not there
+            name = getattr(build, "vlm_model_name", None)
+            reason = str(error).splitlines()[0]
+            raise ValueError(
+                f"LeRobot {build.type} policy: cannot load its VLM {name!r} ({reason})"
+            ) from None
+        self.chain: LeRobotChain
+        if build.type == "smolvla":
+            self.chain = SmolVLAChain(self.model, config.min_std)
+        else:
+            self.chain = DiffusionChain(self.model, config.min_std, config.ddim_eta)
+
+    @property
+    def time_key(self) -> str:
+        """Where ``policy_outputs`` records the stochastic steps' times."""
+        return self.chain.time_key
 
     def build_processors(self) -> None:
         """LeRobot's pre- and postprocessor for this policy type from ``config.stats`` (on the
@@ -142,10 +157,11 @@ class LeRobotPolicy(Policy):
         horizon: int | None = None,
         **overrides: Any,
     ) -> LeRobotPolicyConfig:
-        """A new LeRobot policy (``type`` override, default diffusion) reading the dataset's
-        cameras and ``observation.state`` (and, with no camera, the privileged
+        """A new LeRobot policy (``type`` override: diffusion, the default, or smolvla) reading the
+        dataset's cameras and ``observation.state`` (and, with no camera, the privileged
         ``observation.environment_state``, as LeRobot's diffusion needs one or the other);
-        other overrides are LeRobot config fields or the fine-tuning settings."""
+        ``horizon`` is the diffusion ``horizon`` or SmolVLA's ``chunk_size``; other overrides are
+        LeRobot config fields or the fine-tuning settings."""
         pretrained_config, _, _, to_policy_features = _lerobot()
         settings = {k: overrides.pop(k) for k in RL_SETTINGS if k in overrides}
         kind = overrides.pop("type", "diffusion")
@@ -155,7 +171,7 @@ class LeRobotPolicy(Policy):
         inputs = {k: f for k, f in chosen.items() if k != "action"}
         values = {"input_features": inputs, "output_features": {"action": chosen["action"]}}
         if horizon is not None:
-            values["horizon"] = horizon
+            values[HORIZON_FIELDS.get(kind, "horizon")] = horizon
         config_class = pretrained_config.get_choice_class(kind)
         config = config_class(**{**values, "device": "cpu", **overrides})
         return LeRobotPolicyConfig(lerobot=_config_dict(config), **settings)
@@ -210,6 +226,8 @@ class LeRobotPolicy(Policy):
         cameras, state_dim, env_dim = {}, 0, 0
         for key, feature in config.input_features.items():
             name = self._toolkit_name(key)
+            if EMPTY_CAMERA in key:
+                continue
             if is_image_key(name):
                 cameras[name] = tuple(int(s) for s in feature.shape[1:])
             elif name == STATE_KEY:
@@ -234,8 +252,8 @@ class LeRobotPolicy(Policy):
 
     @property
     def bc_horizon(self) -> int:
-        """The predicted chunk: ``horizon`` actions."""
-        return self.lerobot_config.horizon
+        """The predicted chunk: ``horizon`` (diffusion) or ``chunk_size`` (SmolVLA) actions."""
+        return self.chain.shape[0]
 
     def _toolkit_name(self, key: str) -> str:
         """The toolkit feature a LeRobot input reads (before the preprocessor's renaming)."""
@@ -244,10 +262,14 @@ class LeRobotPolicy(Policy):
 
     # --- LeRobot's batch ----------------------------------------------------------------------
     def lerobot_batch(
-        self, obs: Mapping[str, Any], action: torch.Tensor | None = None
+        self,
+        obs: Mapping[str, Any],
+        instructions: Sequence[str],
+        action: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        """LeRobot's normalised batch of toolkit observation windows (and an action chunk):
-        images to float ``[B, n_obs, 3, H, W]`` in [0, 1], then LeRobot's preprocessor."""
+        """LeRobot's normalised batch of toolkit observation windows, their instructions (as
+        ``task``) and an action chunk: images to float ``[B, n_obs, 3, H, W]`` in [0, 1], then
+        LeRobot's preprocessor (SmolVLA's tokenises the instructions)."""
         self.check_inputs(obs)
         spec = self.observation_spec
         cpu = torch.device("cpu")
@@ -260,42 +282,12 @@ class LeRobotPolicy(Policy):
         for key, dim in ((STATE_KEY, spec.state_dim), (ENV_STATE_KEY, spec.env_state_dim)):
             if dim:
                 batch[key] = observation_window(obs, key, (dim,), spec.n_obs_steps, cpu).float()
+        check_instructions(instructions, len(next(iter(batch.values()))))
+        batch["task"] = [str(text) for text in instructions]
         if action is not None:
             batch["action"] = torch.as_tensor(action, dtype=torch.float32, device=cpu)
         batch = self.preprocessor(batch)
         return {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-
-    def condition(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """LeRobot's global conditioning ``[B, G]`` of a normalised batch (its own encoders)."""
-        batch = dict(batch)
-        image_keys = list(self.lerobot_config.image_features)
-        if image_keys:
-            batch[IMAGES] = torch.stack([batch[key] for key in image_keys], dim=-4)
-        return self.model.diffusion._prepare_global_conditioning(batch)
-
-    # --- the chain (formulas in policies/lerobot/chain.py) ------------------------------------
-    def _terms(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> Any:
-        """One U-Net call at ``x_t`` (per-sample ``t``), as the scheduler's step reads it."""
-        output = self.model.diffusion.unet(x, t, global_cond=cond)
-        return self.steps.terms(output, x, t)
-
-    def lerobot_step(
-        self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, generator: Generators
-    ) -> torch.Tensor:
-        """LeRobot's own step: DDIM at ``eta = 0``; DDPM's mean plus its noise (none without a
-        ``generator``: the noiseless chain of ``deterministic=True``)."""
-        mean, sigma = self.steps.mean_std(self._terms(x, t, cond), x, t, eta=0.0)
-        if self.steps.ddim or generator is None:
-            return mean
-        return mean + sigma * randn(x.shape, generator, device=x.device)
-
-    def gaussian_step(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> Step:
-        """A fine-tuned step: ``N(mean, max(sigma, min_std)^2)`` (DDIM at ``ddim_eta``) and the
-        noiseless update of the same U-Net call."""
-        terms = self._terms(x, t, cond)
-        mean, sigma = self.steps.mean_std(terms, x, t, eta=self.config.ddim_eta)
-        noiseless = mean if not self.steps.ddim else self.steps.mean_std(terms, x, t, 0.0)[0]
-        return Step(mean, sigma.clamp(min=self.config.min_std), noiseless)
 
     # --- the Policy interface -----------------------------------------------------------------
     @torch.no_grad()
@@ -308,37 +300,33 @@ class LeRobotPolicy(Policy):
         initial_noise: torch.Tensor | None = None,
     ) -> ActionOutput:
         """Sample a chunk (module docstring): raw ``actions [B, n_action_steps, A]``,
-        ``log_prob [B]`` and the recorded chain. ``initial_noise`` ``[B, horizon, A]`` replaces
-        ``x_T`` (LeRobot's ``noise`` argument). LeRobot's diffusion policy reads no instruction
-        (one per observation is still required)."""
-        batch = self.lerobot_batch(obs)
-        check_instructions(instructions, len(next(iter(batch.values()))))
-        cond = self.condition(batch)
-        config = self.lerobot_config
-        shape = (cond.shape[0], config.horizon, self.action_spec.dim)
+        ``log_prob [B]`` and the recorded chain. ``initial_noise`` ``[B, *chunk]`` replaces the
+        chain's start (LeRobot's ``noise`` argument). LeRobot's diffusion policy reads no
+        instruction (one per observation is still required); SmolVLA reads it."""
+        context = self.chain.context(self.lerobot_batch(obs, instructions))
+        shape = (len(instructions), *self.chain.shape)
         if initial_noise is not None:
-            x = torch.as_tensor(initial_noise, dtype=torch.float32, device=cond.device)
+            x = torch.as_tensor(initial_noise, dtype=torch.float32, device=self.device)
             if tuple(x.shape) != shape:
                 raise ValueError(f"initial_noise has shape {tuple(x.shape)}, expected {shape}")
         elif deterministic:
-            x = torch.zeros(shape, device=cond.device)
+            x = torch.zeros(shape, device=self.device)
         else:
-            x = self.config.init_noise * randn(shape, generator, device=cond.device)
+            x = self.config.init_noise * randn(shape, generator, device=self.device)
         untuned = None if deterministic else generator
         chain = run_chain(
             x,
-            self.steps.timesteps,
+            self.chain.times,
             self.config.finetune_steps,
-            lambda x, t: self.lerobot_step(x, t, cond, untuned),
-            lambda x, t: self.gaussian_step(x, t, cond),
+            lambda x, t: self.chain.lerobot_step(x, t, context, untuned),
+            lambda x, t: self.chain.gaussian_step(x, t, context),
             deterministic,
             generator,
         )
-        start = config.n_obs_steps - 1
-        chunk = chain.x[:, start : start + config.n_action_steps]
+        chunk = self.chain.executed(chain.x)
         if not torch.isfinite(chunk).all():
             raise ValueError("the LeRobot policy produced NaN or infinite actions")
-        actions = self.postprocessor(chunk.cpu()).to(cond.device)
+        actions = self.postprocessor(chunk.cpu()).to(self.device)
         return ActionOutput(
             actions=actions,
             log_prob=chain.log_probs.sum(dim=1),
@@ -356,18 +344,17 @@ class LeRobotPolicy(Policy):
         policy_outputs: Mapping[str, Any],
     ) -> torch.Tensor:
         """Per-step log-densities ``[B, K]`` of a recorded chain, with gradients through
-        LeRobot's encoders and U-Net (one batched call over the B * K steps)."""
-        cond = self.condition(self.lerobot_batch(obs))
-        shape = (self.lerobot_config.horizon, self.action_spec.dim)
+        LeRobot's network."""
+        context = self.chain.context(self.lerobot_batch(obs, instructions))
         t, x, x_next, k = recorded_steps(
-            policy_outputs, self.time_key, torch.long, cond.shape[0], shape, cond.device
-        )
-        step = self.gaussian_step(x, t, cond.repeat_interleave(k, dim=0))
-        return gaussian_log_prob(x_next, step.mean, step.std).reshape(-1, k)
+            policy_outputs, self.time_key, self.chain.time_dtype, len(instructions),
+            self.chain.shape, self.device,
+        )  # fmt: skip
+        return self.chain.log_probs(context, t, x, x_next, k).reshape(-1, k)
 
     def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """LeRobot's own training loss (``DiffusionPolicy.forward``) of a toolkit BC batch."""
-        lerobot_batch = self.lerobot_batch(batch, action=batch["action"])
+        """LeRobot's own training loss (its policy's ``forward``) of a toolkit BC batch."""
+        lerobot_batch = self.lerobot_batch(batch, batch["instruction"], action=batch["action"])
         if "action_is_pad" in batch:
             pad = torch.as_tensor(batch["action_is_pad"], dtype=torch.bool, device=self.device)
             lerobot_batch["action_is_pad"] = pad

@@ -77,3 +77,68 @@ def frames_equal(a: np.ndarray, b: np.ndarray) -> bool:
     return a.reshape(-1).shape == b.reshape(-1).shape and np.array_equal(
         a.reshape(-1), b.reshape(-1)
     )
+
+
+def tiny_smolvlm(directory: Path, words: list[str]) -> Path:
+    """A randomly initialised SmolVLM that SmolVLA can build on offline: a config of a few small
+    layers (64 px images of 16 px patches, 4 image tokens) and its processor, whose tokenizer is a
+    word-level one over ``words`` with SmolVLM's special tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (
+        PreTrainedTokenizerFast,
+        SmolVLMConfig,
+        SmolVLMImageProcessor,
+        SmolVLMProcessor,
+        SmolVLMVideoProcessor,
+    )
+
+    special = ["<unk>", "<pad>", "<|im_start|>", "<end_of_utterance>",
+               "<fake_token_around_image>", "<global-img>", "<image>"]  # fmt: skip
+    vocab = {word: i for i, word in enumerate(dict.fromkeys(special + words))}
+    word_level = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=word_level, unk_token="<unk>", pad_token="<pad>",
+        bos_token="<|im_start|>", eos_token="<end_of_utterance>",
+        extra_special_tokens={
+            "fake_image_token": "<fake_token_around_image>", "image_token": "<image>",
+            "global_image_token": "<global-img>", "end_of_utterance_token": "<end_of_utterance>",
+        },
+    )  # fmt: skip
+    size = {"longest_edge": 64}
+    SmolVLMProcessor(
+        image_processor=SmolVLMImageProcessor(size=size, max_image_size=size),
+        video_processor=SmolVLMVideoProcessor(),
+        tokenizer=tokenizer,
+        image_seq_len=4,
+    ).save_pretrained(directory)
+    SmolVLMConfig(
+        text_config={"model_type": "llama", "vocab_size": len(vocab), "hidden_size": 32,
+                     "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 256},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 64, "patch_size": 16},
+        scale_factor=2, image_token_id=vocab["<image>"],
+    ).save_pretrained(directory)  # fmt: skip
+    return directory
+
+
+def lerobot_actions(directory: Path, obs: dict, noise, tasks: list[str] | None = None):
+    """What LeRobot itself does: load the directory (any policy type), preprocess the toolkit's
+    observation windows (uint8 images to float [0, 1] channels first, ``task`` strings) and
+    ``predict_action_chunk`` from ``noise``, postprocessed."""
+    import torch
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+    config = PreTrainedConfig.from_pretrained(directory)
+    policy = get_policy_class(config.type).from_pretrained(directory).eval()
+    pre, post = make_pre_post_processors(policy.config, pretrained_path=str(directory))
+    batch = {
+        k: v.permute(0, 1, 4, 2, 3).float() / 255 if v.dtype == torch.uint8 else v
+        for k, v in obs.items()
+    }
+    if tasks is not None:
+        batch["task"] = list(tasks)
+    with torch.no_grad():
+        return post(policy.predict_action_chunk(pre(batch), noise=noise))

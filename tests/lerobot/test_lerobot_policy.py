@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from lerobot_helpers import lerobot_actions
 
 from embodied.apps.cli import main
 from embodied.datasets import LeRobotDataset
@@ -99,21 +100,6 @@ def observations(policy: Policy, batch: int, seed: int = 0) -> dict[str, torch.T
     return obs
 
 
-def lerobot_actions(directory: Path, obs: dict, noise: torch.Tensor) -> torch.Tensor:
-    """What LeRobot itself does: load the directory, preprocess, ``predict_action_chunk``."""
-    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
-    from lerobot.policies.factory import make_pre_post_processors
-
-    policy = DiffusionPolicy.from_pretrained(directory).eval()
-    pre, post = make_pre_post_processors(policy.config, pretrained_path=str(directory))
-    batch = {
-        k: v.permute(0, 1, 4, 2, 3).float() / 255 if v.dtype == torch.uint8 else v
-        for k, v in obs.items()
-    }
-    with torch.no_grad():
-        return post(policy.predict_action_chunk(pre(batch), noise=noise))
-
-
 def test_lerobot_train_trains_on_a_toolkit_dataset(trained) -> None:
     directory, log = trained
     losses = [float(x) for x in re.findall(r"loss:([0-9.]+)", log)]
@@ -127,16 +113,16 @@ def test_lerobot_train_trains_on_a_toolkit_dataset(trained) -> None:
 def test_scheduler_steps_are_diffusers_steps(trained, ddpm) -> None:
     for directory in (trained[0], ddpm):
         policy = Policy.from_pretrained(directory).eval()
-        scheduler = policy.model.diffusion.noise_scheduler
+        scheduler, steps = policy.model.diffusion.noise_scheduler, policy.chain.steps
         x = torch.randn(3, 8, 4)
         output = torch.randn(3, 8, 4)
         for t in scheduler.timesteps:
             t_batch = torch.full((3,), int(t))
-            terms = policy.steps.terms(output, x, t_batch)
-            for eta in (0.0, 1.0) if policy.steps.ddim else (0.0,):
-                mean, sigma = policy.steps.mean_std(terms, x, t_batch, eta)
+            terms = steps.terms(output, x, t_batch)
+            for eta in (0.0, 1.0) if steps.ddim else (0.0,):
+                mean, sigma = steps.mean_std(terms, x, t_batch, eta)
                 noise = torch.randn(3, 8, 4, generator=torch.Generator().manual_seed(int(t)))
-                if policy.steps.ddim:
+                if steps.ddim:
                     theirs = scheduler.step(output, t, x, eta=eta, variance_noise=noise)
                 else:
                     generator = torch.Generator().manual_seed(int(t))

@@ -1,0 +1,228 @@
+"""LeRobot's SmolVLA in the toolkit, built offline on a tiny local SmolVLM: the toolkit loads what
+LeRobot saved, acts exactly as LeRobot does for the same observations, instructions and noise,
+recomputes ReinFlow log-probs with gradients, trains it by BC, fine-tunes it with GRPO, and
+LeRobot loads each result back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lerobot_helpers import lerobot_actions, tiny_smolvlm
+
+from embodied.apps.cli import main
+from embodied.datasets import LeRobotDataset
+from embodied.policies import LeRobotPolicy, Policy
+from embodied.rewards.progress import ProgressConfig, ProgressRewardModel
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+TASKS = ["pick up the red block", "open the drawer", "push the green block", "reach the plate"]
+WORDS = sorted({word for task in TASKS for word in task.split()})  # the tiny tokenizer's vocabulary
+SMALL = {  # a SmolVLA small enough for a CPU test, on the tiny VLM
+    "num_vlm_layers": 2, "chunk_size": 8, "n_action_steps": 4, "num_steps": 4,
+    "resize_imgs_with_padding": (64, 64), "tokenizer_max_length": 16,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_smolvlm(tmp_path_factory.mktemp("vlm") / "smolvlm", WORDS)
+
+
+@pytest.fixture(scope="module")
+def smolvla(toolkit_datasets, vlm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SmolVLA built and saved by LeRobot's own classes for the toolkit's camera + state
+    dataset (48 px front camera, agent_pos), with the dataset's statistics."""
+    from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
+    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+    from lerobot.utils.feature_utils import dataset_to_policy_features
+
+    dataset = LeRobotDataset(toolkit_datasets["video"])
+    keys = ("observation.image", "observation.state", "action")
+    features = dataset_to_policy_features({k: dataset.features[k] for k in keys})
+    config = SmolVLAConfig(
+        input_features={k: f for k, f in features.items() if k != "action"},
+        output_features={"action": features["action"]},
+        vlm_model_name=str(vlm), device="cpu", **SMALL,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    policy = SmolVLAPolicy(config)
+    stats = {k: {s: np.asarray(v) for s, v in dataset.stats[k].items()} for k in keys[1:]}
+    pre, post = make_pre_post_processors(config, dataset_stats=stats)
+    root = tmp_path_factory.mktemp("smolvla") / "policy"
+    policy.save_pretrained(root)
+    pre.save_pretrained(root)
+    post.save_pretrained(root)
+    return root
+
+
+def observations(policy: Policy, batch: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random observation windows of the policy's inputs."""
+    spec, rng = policy.observation_spec, np.random.default_rng(seed)
+    obs = {
+        key: torch.from_numpy(rng.integers(0, 256, (batch, spec.n_obs_steps, h, w, 3), np.uint8))
+        for key, (h, w) in spec.cameras.items()
+    }
+    obs["observation.state"] = torch.from_numpy(
+        rng.normal(size=(batch, spec.n_obs_steps, spec.state_dim))
+    ).float()
+    return obs
+
+
+def test_it_reads_cameras_state_and_the_instruction_only(smolvla: Path) -> None:
+    policy = Policy.from_pretrained(smolvla).eval()
+    assert isinstance(policy, LeRobotPolicy) and not policy.observation_spec.privileged
+    assert dict(policy.observation_spec.cameras) == {"observation.image": (48, 48)}
+    assert policy.action_spec.chunk == 4 and policy.bc_horizon == 8
+    obs = observations(policy, 2)
+    a = policy.act(obs, [TASKS[0]] * 2, deterministic=True).actions
+    b = policy.act(obs, [TASKS[1]] * 2, deterministic=True).actions
+    assert (a - b).abs().max() > 1e-4  # the instruction reaches the actions
+
+
+@pytest.mark.parametrize("noise", ["zeros", "gaussian"])
+def test_actions_match_lerobot_for_the_same_inputs_and_noise(smolvla: Path, noise: str) -> None:
+    policy = Policy.from_pretrained(smolvla).eval()
+    obs, tasks = observations(policy, 3), TASKS[:3]
+    shape = (3, 8, 32)  # LeRobot's padded chunk: chunk_size x max_action_dim
+    x = torch.zeros(shape) if noise == "zeros" else torch.randn(shape)
+    ours = policy.act(obs, tasks, deterministic=True, initial_noise=x).actions
+    theirs = lerobot_actions(smolvla, obs, x, tasks)
+    assert theirs.shape == (3, 8, 4) and ours.shape == (3, 4, 4)
+    torch.testing.assert_close(ours, theirs[:, :4])
+    if noise == "zeros":  # what deterministic acting starts from
+        plain = policy.act(obs, tasks, deterministic=True).actions
+        torch.testing.assert_close(plain, ours)
+
+
+def test_log_prob_recomputes_with_gradients(smolvla: Path) -> None:
+    policy = Policy.from_pretrained(smolvla).eval()
+    obs, tasks = observations(policy, 4, seed=1), TASKS
+    generators = [torch.Generator().manual_seed(i) for i in range(4)]
+    out = policy.act(obs, tasks, deterministic=False, generator=generators)
+    chain = out.policy_outputs["chain"]
+    assert chain.shape == (4, 5, 8, 32) and out.policy_outputs["taus"].shape == (4, 4)
+    log_prob = policy.log_prob(obs, tasks, out.policy_outputs)
+    assert log_prob.shape == (4, 4) and log_prob.requires_grad
+    worst = (log_prob.detach() - out.policy_outputs["log_probs"]).abs().max().item()
+    assert worst <= 1e-4, worst
+    log_prob.sum().backward()
+    expert = policy.model.model.vlm_with_expert.lm_expert
+    for network in (expert, policy.model.model.action_out_proj, policy.model.model.state_proj):
+        assert sum(p.grad.abs().sum() for p in network.parameters() if p.grad is not None) > 0
+    with torch.no_grad():  # and the log-prob depends on the expert's weights
+        for p in expert.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+        moved = policy.log_prob(obs, tasks, out.policy_outputs)
+    assert (moved - log_prob.detach()).abs().max() > 1e-3
+
+
+def test_noise_moves_the_action_values_only(smolvla: Path) -> None:
+    """Each recorded step adds noise to the action's 4 values; the padding is the expert's Euler
+    mean exactly (so it adds nothing to the log-density)."""
+    policy = Policy.from_pretrained(smolvla).eval()
+    obs = observations(policy, 2, seed=4)
+    out = policy.act(obs, TASKS[:2], generator=torch.Generator().manual_seed(0))
+    chain, taus = out.policy_outputs["chain"], out.policy_outputs["taus"]
+    with torch.no_grad():
+        context = policy.chain.context(policy.lerobot_batch(obs, TASKS[:2]))
+        for k in range(taus.shape[1]):
+            mean = policy.chain.gaussian_step(chain[:, k], taus[:, k], context).mean
+            noise = (chain[:, k + 1] - mean) / policy.config.min_std
+            torch.testing.assert_close(noise[..., 4:], torch.zeros_like(noise[..., 4:]))
+            assert 0.5 < noise[..., :4].std() < 2.0  # N(0, 1) draws on the action values
+
+
+def test_saved_in_lerobots_layout_and_loaded_both_ways(smolvla: Path, tmp_path: Path) -> None:
+    policy = Policy.from_pretrained(smolvla).eval()
+    tuned = LeRobotPolicy(policy.config.__class__(**{**policy.config.__dict__, "min_std": 0.05}))
+    tuned.load_state_dict(policy.state_dict())
+    with torch.no_grad():
+        for p in tuned.model.model.action_out_proj.parameters():
+            p.add_(0.01)  # a "fine-tuned" policy
+    saved = tuned.save_pretrained(tmp_path / "policy")
+    assert json.loads((saved / "config.json").read_text())["type"] == "smolvla"
+    obs, x = observations(policy, 2, seed=3), torch.randn(2, 8, 32)
+    ours = tuned.act(obs, TASKS[:2], deterministic=True, initial_noise=x).actions
+    torch.testing.assert_close(ours, lerobot_actions(saved, obs, x, TASKS[:2])[:, :4])
+    again = Policy.from_pretrained(saved).eval()
+    assert again.config.min_std == 0.05
+    torch.testing.assert_close(
+        again.act(obs, TASKS[:2], deterministic=True, initial_noise=x).actions, ours
+    )
+
+
+def test_a_missing_vlm_is_an_error_naming_it(smolvla: Path, tmp_path: Path) -> None:
+    moved = tmp_path / "policy"
+    moved.mkdir()
+    for path in smolvla.iterdir():
+        (moved / path.name).write_bytes(path.read_bytes())
+    config = json.loads((moved / "config.json").read_text())
+    config["vlm_model_name"] = str(tmp_path / "no-such-vlm")
+    (moved / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="cannot load its VLM .*no-such-vlm"):
+        Policy.from_pretrained(moved)
+
+
+def test_other_lerobot_types_are_refused_naming_the_supported_ones() -> None:
+    from embodied.policies import LeRobotPolicyConfig
+
+    with pytest.raises(
+        ValueError, match="'pi0' is not supported here; supported: diffusion, smolvla"
+    ):
+        LeRobotPolicyConfig(lerobot={"type": "pi0"})
+
+
+def test_bc_grpo_and_tpo_train_it_and_lerobot_loads_each(toolkit_datasets, vlm, tmp_path) -> None:
+    """``embodied train bc ... policy=lerobot policy_overrides.type=smolvla`` on the toolkit's
+    camera dataset, then one GRPO and one TPO round on Reach from its camera; LeRobot loads what
+    each saved."""
+    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+
+    overrides = [f"policy_overrides.{k}={list(v) if isinstance(v, tuple) else v}"
+                 for k, v in SMALL.items() if k != "chunk_size"]  # fmt: skip
+    argv = ["train", "bc", str(CONFIGS / "bc_mlp.yaml"), "policy=lerobot",
+            f"dataset={toolkit_datasets['video']}", f"out={tmp_path / 'bc'}", "steps=2",
+            "batch_size=2", "n_obs_steps=1", "horizon=8", "eval_episodes=0", "save_every=2",
+            "log_every=1", "policy_overrides.type=smolvla",
+            f"policy_overrides.vlm_model_name={vlm}", *overrides]  # fmt: skip
+    assert main(argv) == 0
+    bc = next((tmp_path / "bc").glob("*/policy"))
+    ours = Policy.from_pretrained(bc)
+    assert isinstance(ours, LeRobotPolicy) and ours.lerobot_config.type == "smolvla"
+    assert ours.bc_horizon == 8 and not ours.observation_spec.privileged
+    torch.manual_seed(0)
+    ProgressRewardModel(
+        ProgressConfig(image_size=48, vision_channels=[4, 8], num_keypoints=4, d_model=16,
+                       n_heads=2, n_layers=1, ff_dim=32, num_bins=8)
+    ).save_pretrained(tmp_path / "reward")  # fmt: skip
+    (tmp_path / "tpo.yaml").write_text("name: tpo-smolvla\nobjective: success\n")
+    short = ["task=Reach", "groups=1", "group_size=2", "epochs=1", "eval_episodes=0",
+             "save_every=1", f"policy={bc}", "policy_overrides.finetune_steps=2",
+             "distributed.backend=local"]  # fmt: skip
+    runs = {
+        "grpo": ["train", "grpo", str(CONFIGS / "grpo_pickplace.yaml"), "iterations=1",
+                 "keep_low=0.0", "keep_high=1.0", "max_refills=0", "reward=learned",
+                 f"reward_model={tmp_path / 'reward'}", *short],
+        "tpo": ["train", "tpo", str(tmp_path / "tpo.yaml"), "rounds=1", "pairs=all",
+                "margin=0.0", "reward=learned", f"reward_model={tmp_path / 'reward'}", *short],
+    }  # fmt: skip
+    for name, argv in runs.items():
+        assert main([*argv, f"out={tmp_path / name}"]) == 0, name
+        saved = next((tmp_path / name).glob("*/policy"))
+        tuned = Policy.from_pretrained(saved)
+        changed = [
+            not torch.equal(a, b)
+            for a, b in zip(tuned.state_dict().values(), ours.state_dict().values(), strict=True)
+        ]
+        assert any(changed), f"{name} did not change the weights"
+        theirs = SmolVLAPolicy.from_pretrained(saved).state_dict()  # LeRobot loads the result
+        for key, value in tuned.model.state_dict().items():
+            assert torch.equal(theirs[key], value), key
+    theirs = SmolVLAPolicy.from_pretrained(bc).state_dict()  # and what BC saved
+    for key, value in ours.model.state_dict().items():
+        assert torch.equal(theirs[key], value), key
