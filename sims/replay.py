@@ -51,9 +51,12 @@ class ReplayFrames:
             raise ValueError("replaying an episode needs the seed it was reset with")
         self.task, self.env_kwargs, self.seed = task, dict(env_kwargs), int(seed)
         self.states = np.asarray(states, dtype=np.float64)
-        size = self.env_kwargs.get("image_size", 96)
-        height, width = (size, size) if np.isscalar(size) else tuple(size)
-        self.shape = (len(self.states), int(height), int(width), 3)
+        # Imported here: importing embodied.sims must not load MuJoCo (conventions does).
+        from embodied.sims.conventions import image_shape
+        from embodied.sims.tabletop import DEFAULT_IMAGE_SIZE
+
+        height, width = image_shape(self.env_kwargs.get("image_size", DEFAULT_IMAGE_SIZE))
+        self.shape = (len(self.states), height, width, 3)
         self.dtype = np.dtype(np.uint8)
 
     def __len__(self) -> int:
@@ -64,7 +67,7 @@ class ReplayFrames:
         env = self._env()
         if np.ndim(picks) == 0:
             return env.render_state_image(self.states[picks])
-        return np.stack([env.render_state_image(self.states[i]) for i in picks]).astype(np.uint8)
+        return np.stack([env.render_state_image(self.states[i]) for i in picks])
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         """Every frame (renders them all)."""

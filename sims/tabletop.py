@@ -45,6 +45,7 @@ from embodied.sims.scene import ASSET, BLOCKS, BUTTONS, FINGER_MAX, PLATES, Scen
 from embodied.sims.tasks.base import Evaluation, Task
 
 CAMERAS = ("front", "wrist")
+DEFAULT_IMAGE_SIZE = 96  # camera pixels per side unless image_size says otherwise
 # goal_state's values: the object to act on, then the point the task is about.
 GOAL_NAMES = [f"{GOAL_PREFIX}{what}_{q}" for what in ("object", "target") for q in "xyz"]
 WORKSPACE_LOW = np.array([-0.3, -0.28, 0.015])
@@ -65,7 +66,7 @@ class TabletopEnv(gym.Env):
         task: str | Task = "PickPlace",
         obs_mode: str = "pixels",
         cameras: Sequence[str] = ("front",),
-        image_size: int | Sequence[int] = 96,
+        image_size: int | Sequence[int] = DEFAULT_IMAGE_SIZE,
         render_mode: str | None = "rgb_array",
         fast_render: bool = True,
         frame_skip: int = 5,

@@ -46,5 +46,7 @@ def test_replayed_frames_are_the_frames_the_rollout_showed() -> None:
     for traj in trajs:
         shown = traj.observations["pixels"]
         assert isinstance(traj.frames, sims.ReplayFrames) and len(traj.frames) == len(shown)
-        np.testing.assert_array_equal(traj.frames[np.arange(len(shown))], shown)
+        replayed = traj.frames[np.arange(len(shown))]
+        assert replayed.dtype == np.uint8 and traj.frames.shape == shown.shape
+        np.testing.assert_array_equal(replayed, shown)
         np.testing.assert_array_equal(traj.frames[len(shown) // 2], shown[len(shown) // 2])
