@@ -325,6 +325,19 @@ def test_appends_with_other_settings_are_refused(tmp_path: Path) -> None:
     assert json.loads((root / "meta/info.json").read_text())["total_episodes"] == 2
 
 
+def test_an_episode_prepared_for_other_settings_is_refused(tmp_path: Path) -> None:
+    """Workers prepare episodes (stats, encoded video) for the writer's settings; one prepared
+    for another frame rate or encoding is refused, not written with the wrong video."""
+    from embodied.datasets.lerobot.prepared import prepare_episode
+
+    with LeRobotDatasetWriter(tmp_path / "a", fps=16) as writer:
+        other = writer.settings._replace(fps=30)
+        with pytest.raises(ValueError, match=r"prepared for another frame rate or video encoding"):
+            writer.add_episode(prepare_episode(make_trajectory(0), other))
+        assert writer.add_episode(prepare_episode(make_trajectory(1), writer.settings)) == 0
+    assert json.loads((tmp_path / "a/meta/info.json").read_text())["total_episodes"] == 1
+
+
 def test_collect_checks_its_settings_before_any_rollout(tmp_path: Path, capsys) -> None:
     from embodied.apps.cli import main
 
