@@ -319,9 +319,10 @@ def test_image_encoder_backward_is_safe_with_two_threads() -> None:
 def test_bench_reward_reports_batched_scoring_against_one_clip(capsys) -> None:
     from embodied.apps.cli import main
 
-    assert main(["bench", "reward", "--json", "--image-size", "16", "--frames", "4",
+    assert main(["bench", "reward", "--json", "--image-size", "16", "--frames", "4", "6",
                  "--batches", "1", "3", "--repeats", "1"]) == 0  # fmt: skip
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["batch"], r["frames"]) for r in rows] == [(1, 4), (3, 4)]
+    assert [(r["batch"], r["frames"]) for r in rows] == [(1, 4), (3, 4), (1, 6), (3, 6)]
     assert rows[0]["speedup"] == 1.0 and all(r["frames_per_s"] > 0 for r in rows)
-    assert rows[1]["baseline"] == "progress (default) (batch 1)"
+    assert rows[1]["baseline"] == "progress (default) (batch 1, 4 frames)"
+    assert rows[3]["baseline"] == "progress (default) (batch 1, 6 frames)"

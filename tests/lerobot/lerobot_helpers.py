@@ -142,3 +142,98 @@ def lerobot_actions(directory: Path, obs: dict, noise, tasks: list[str] | None =
         batch["task"] = list(tasks)
     with torch.no_grad():
         return post(policy.predict_action_chunk(pre(batch), noise=noise))
+
+
+def observations(policy, batch: int, seed: int = 0) -> dict:
+    """Random observation windows of a policy's inputs: uint8 camera images, normal states."""
+    import torch
+
+    spec, rng = policy.observation_spec, np.random.default_rng(seed)
+    obs = {
+        key: torch.from_numpy(rng.integers(0, 256, (batch, spec.n_obs_steps, h, w, 3), np.uint8))
+        for key, (h, w) in spec.cameras.items()
+    }
+    for key, dim in (
+        ("observation.state", spec.state_dim),
+        ("observation.environment_state", spec.env_state_dim),
+    ):
+        if dim:
+            obs[key] = torch.from_numpy(rng.normal(size=(batch, spec.n_obs_steps, dim))).float()
+    return obs
+
+
+def tiny_progress_model(directory: Path, image_size: int) -> Path:
+    """An untrained, tiny progress model: its scores differ between rollouts, so a GRPO group of
+    an untrained policy still has a signal (their privileged progress is 0 alike)."""
+    import torch
+
+    from embodied.rewards.progress import ProgressConfig, ProgressRewardModel
+
+    torch.manual_seed(0)
+    config = ProgressConfig(image_size=image_size, vision_channels=[4, 8], num_keypoints=4,
+                            d_model=16, n_heads=2, n_layers=1, ff_dim=32, num_bins=8)  # fmt: skip
+    return ProgressRewardModel(config).save_pretrained(directory)
+
+
+def assert_lerobot_loads(directory: Path, policy) -> None:
+    """LeRobot's own class for the saved type loads ``directory`` with ``policy``'s weights."""
+    import torch
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.policies.factory import get_policy_class
+
+    kind = PreTrainedConfig.from_pretrained(directory).type
+    theirs = get_policy_class(kind).from_pretrained(directory).state_dict()
+    for key, value in policy.model.state_dict().items():
+        assert torch.equal(theirs[key], value), key
+
+
+def fine_tune(runs: dict[str, list[str]], out: Path, start) -> dict[str, Path]:
+    """Run each ``embodied train`` command (``out=out/<name>``) from the policy ``start``; each
+    must change the weights and save a policy LeRobot loads. The saved directories."""
+    import torch
+
+    from embodied.apps.cli import main
+    from embodied.policies import Policy
+
+    saved = {}
+    for name, argv in runs.items():
+        assert main([*argv, f"out={out / name}"]) == 0, name
+        saved[name] = next((out / name).glob("*/policy"))
+        tuned = Policy.from_pretrained(saved[name])
+        changed = [
+            not torch.equal(a, b)
+            for a, b in zip(tuned.state_dict().values(), start.state_dict().values(), strict=True)
+        ]
+        assert any(changed), f"{name} did not change the weights"
+        assert_lerobot_loads(saved[name], tuned)
+    return saved
+
+
+def save_lerobot_policy(
+    dataset_root: Path, keys: tuple[str, ...], kind: str, root: Path, **settings
+) -> Path:
+    """A policy of LeRobot type ``kind`` built and saved (with its processors, normalised by the
+    dataset's statistics) by LeRobot's own classes, reading the toolkit dataset's features
+    ``keys`` (inputs, then ``action``); ``settings`` go to its config. Its directory."""
+    import torch
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+    from lerobot.utils.feature_utils import dataset_to_policy_features
+
+    from embodied.datasets import LeRobotDataset
+
+    dataset = LeRobotDataset(dataset_root)
+    features = dataset_to_policy_features({k: dataset.features[k] for k in keys})
+    config = PreTrainedConfig.get_choice_class(kind)(
+        input_features={k: f for k, f in features.items() if k != "action"},
+        output_features={"action": features["action"]},
+        device="cpu",
+        **settings,
+    )
+    torch.manual_seed(0)
+    policy = get_policy_class(kind)(config)
+    stats = {k: {s: np.asarray(v) for s, v in dataset.stats[k].items()} for k in keys}
+    pre, post = make_pre_post_processors(config, dataset_stats=stats)
+    for part in (policy, pre, post):
+        part.save_pretrained(root)
+    return root

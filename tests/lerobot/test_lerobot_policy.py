@@ -14,12 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lerobot_helpers import lerobot_actions
+from lerobot_helpers import (
+    fine_tune,
+    lerobot_actions,
+    observations,
+    save_lerobot_policy,
+    tiny_progress_model,
+)
 
 from embodied.apps.cli import main
 from embodied.datasets import LeRobotDataset
 from embodied.policies import LeRobotPolicy, Policy
-from embodied.rewards.progress import ProgressConfig, ProgressRewardModel
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TRAIN_STEPS = 2
@@ -59,45 +64,12 @@ def trained(toolkit_datasets, tmp_path_factory: pytest.TempPathFactory) -> tuple
 def ddpm(toolkit_datasets, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A DDPM diffusion policy built and saved by LeRobot's own classes (state-only dataset,
     the environment state as its only other input)."""
-    from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
-    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
-    from lerobot.policies.factory import make_pre_post_processors
-    from lerobot.utils.feature_utils import dataset_to_policy_features
-
-    dataset = LeRobotDataset(toolkit_datasets["state-only"])
     keys = ("observation.state", "observation.environment_state", "action")
-    features = dataset_to_policy_features({k: dataset.features[k] for k in keys})
-    config = DiffusionConfig(
-        input_features={k: f for k, f in features.items() if k != "action"},
-        output_features={"action": features["action"]},
-        horizon=8, n_action_steps=4, down_dims=(16, 32), num_inference_steps=5,
-        noise_scheduler_type="DDPM", device="cpu",
-    )  # fmt: skip
-    torch.manual_seed(0)
-    policy = DiffusionPolicy(config)
-    stats = {k: {s: np.asarray(v) for s, v in dataset.stats[k].items()} for k in keys}
-    pre, post = make_pre_post_processors(config, dataset_stats=stats)
     root = tmp_path_factory.mktemp("ddpm") / "policy"
-    policy.save_pretrained(root)
-    pre.save_pretrained(root)
-    post.save_pretrained(root)
-    return root
-
-
-def observations(policy: Policy, batch: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random observation windows of the policy's inputs."""
-    spec, rng = policy.observation_spec, np.random.default_rng(seed)
-    obs = {
-        key: torch.from_numpy(rng.integers(0, 256, (batch, spec.n_obs_steps, h, w, 3), np.uint8))
-        for key, (h, w) in spec.cameras.items()
-    }
-    for key, dim in (
-        ("observation.state", spec.state_dim),
-        ("observation.environment_state", spec.env_state_dim),
-    ):
-        if dim:
-            obs[key] = torch.from_numpy(rng.normal(size=(batch, spec.n_obs_steps, dim))).float()
-    return obs
+    return save_lerobot_policy(
+        toolkit_datasets["state-only"], keys, "diffusion", root, horizon=8, n_action_steps=4,
+        down_dims=(16, 32), num_inference_steps=5, noise_scheduler_type="DDPM",
+    )  # fmt: skip
 
 
 def test_lerobot_train_trains_on_a_toolkit_dataset(trained) -> None:
@@ -235,7 +207,6 @@ def test_bc_trains_a_lerobot_policy_that_lerobot_loads(toolkit_datasets, tmp_pat
 def test_eval_grpo_and_tpo_run_on_it_and_save_for_lerobot(ddpm, tmp_path: Path) -> None:
     """The commands on the (cheaper) state policy, on Reach (the shortest task; the policy's
     inputs fit every tabletop task); LeRobot then loads what each fine-tuning run saved."""
-    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
 
     directory = str(ddpm)
     assert main(["eval", "--policy", directory, "--tasks", "Reach", "--episodes", "2",
@@ -249,11 +220,7 @@ def test_eval_grpo_and_tpo_run_on_it_and_save_for_lerobot(ddpm, tmp_path: Path) 
              "distributed.backend=local"]  # fmt: skip
     # An untrained progress model: its scores differ between rollouts, so the group has a signal
     # (the privileged stage progress of two rollouts of an untrained policy is 0 for both).
-    torch.manual_seed(0)
-    ProgressRewardModel(
-        ProgressConfig(image_size=32, vision_channels=[4, 8], num_keypoints=4, d_model=16,
-                       n_heads=2, n_layers=1, ff_dim=32, num_bins=8)
-    ).save_pretrained(tmp_path / "reward")  # fmt: skip
+    tiny_progress_model(tmp_path / "reward", image_size=32)
     runs = {
         "grpo": ["train", "grpo", str(CONFIGS / "grpo_pickplace.yaml"), "iterations=1",
                  "keep_low=0.0", "keep_high=1.0", "max_refills=0", "reward=learned",
@@ -261,17 +228,6 @@ def test_eval_grpo_and_tpo_run_on_it_and_save_for_lerobot(ddpm, tmp_path: Path) 
         "tpo": ["train", "tpo", str(tpo_config), "rounds=1", "pairs=all", "margin=0.0",
                 "reward=privileged", *short],
     }  # fmt: skip
-    start = Policy.from_pretrained(directory)
-    for name, argv in runs.items():
-        assert main([*argv, f"out={tmp_path / name}"]) == 0, name
-        saved = next((tmp_path / name).glob("*/policy"))
-        assert json.loads((saved / "embodied_finetuning.json").read_text())["finetune_steps"] == 2
-        tuned = Policy.from_pretrained(saved)
-        changed = [
-            not torch.equal(a, b)
-            for a, b in zip(tuned.state_dict().values(), start.state_dict().values(), strict=True)
-        ]
-        assert any(changed), f"{name} did not change the weights"
-        theirs = DiffusionPolicy.from_pretrained(saved).state_dict()  # LeRobot loads the result
-        for key, value in tuned.model.state_dict().items():
-            assert torch.equal(theirs[key], value), key
+    saved = fine_tune(runs, tmp_path, Policy.from_pretrained(directory))
+    for path in saved.values():
+        assert json.loads((path / "embodied_finetuning.json").read_text())["finetune_steps"] == 2

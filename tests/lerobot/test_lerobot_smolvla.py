@@ -8,15 +8,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from lerobot_helpers import lerobot_actions, tiny_smolvlm
+from lerobot_helpers import (
+    assert_lerobot_loads,
+    fine_tune,
+    lerobot_actions,
+    observations,
+    save_lerobot_policy,
+    tiny_progress_model,
+    tiny_smolvlm,
+)
 
 from embodied.apps.cli import main
-from embodied.datasets import LeRobotDataset
 from embodied.policies import LeRobotPolicy, Policy
-from embodied.rewards.progress import ProgressConfig, ProgressRewardModel
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TASKS = ["pick up the red block", "open the drawer", "push the green block", "reach the plate"]
@@ -36,41 +41,11 @@ def vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def smolvla(toolkit_datasets, vlm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SmolVLA built and saved by LeRobot's own classes for the toolkit's camera + state
     dataset (48 px front camera, agent_pos), with the dataset's statistics."""
-    from lerobot.policies.factory import make_pre_post_processors
-    from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
-    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
-    from lerobot.utils.feature_utils import dataset_to_policy_features
-
-    dataset = LeRobotDataset(toolkit_datasets["video"])
     keys = ("observation.image", "observation.state", "action")
-    features = dataset_to_policy_features({k: dataset.features[k] for k in keys})
-    config = SmolVLAConfig(
-        input_features={k: f for k, f in features.items() if k != "action"},
-        output_features={"action": features["action"]},
-        vlm_model_name=str(vlm), device="cpu", **SMALL,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    policy = SmolVLAPolicy(config)
-    stats = {k: {s: np.asarray(v) for s, v in dataset.stats[k].items()} for k in keys[1:]}
-    pre, post = make_pre_post_processors(config, dataset_stats=stats)
     root = tmp_path_factory.mktemp("smolvla") / "policy"
-    policy.save_pretrained(root)
-    pre.save_pretrained(root)
-    post.save_pretrained(root)
-    return root
-
-
-def observations(policy: Policy, batch: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random observation windows of the policy's inputs."""
-    spec, rng = policy.observation_spec, np.random.default_rng(seed)
-    obs = {
-        key: torch.from_numpy(rng.integers(0, 256, (batch, spec.n_obs_steps, h, w, 3), np.uint8))
-        for key, (h, w) in spec.cameras.items()
-    }
-    obs["observation.state"] = torch.from_numpy(
-        rng.normal(size=(batch, spec.n_obs_steps, spec.state_dim))
-    ).float()
-    return obs
+    return save_lerobot_policy(
+        toolkit_datasets["video"], keys, "smolvla", root, vlm_model_name=str(vlm), **SMALL
+    )
 
 
 def test_it_reads_cameras_state_and_the_instruction_only(smolvla: Path) -> None:
@@ -177,11 +152,10 @@ def test_other_lerobot_types_are_refused_naming_the_supported_ones() -> None:
         LeRobotPolicyConfig(lerobot={"type": "pi0"})
 
 
-def test_bc_grpo_and_tpo_train_it_and_lerobot_loads_each(toolkit_datasets, vlm, tmp_path) -> None:
+def test_bc_eval_grpo_and_tpo_run_on_it_and_lerobot_loads_each(toolkit_datasets, vlm, tmp_path) -> None:
     """``embodied train bc ... policy=lerobot policy_overrides.type=smolvla`` on the toolkit's
-    camera dataset, then one GRPO and one TPO round on Reach from its camera; LeRobot loads what
-    each saved."""
-    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+    camera dataset, ``embodied eval`` on Reach from its camera, then one GRPO and one TPO round;
+    LeRobot loads what each saved."""
 
     overrides = [f"policy_overrides.{k}={list(v) if isinstance(v, tuple) else v}"
                  for k, v in SMALL.items() if k != "chunk_size"]  # fmt: skip
@@ -195,11 +169,11 @@ def test_bc_grpo_and_tpo_train_it_and_lerobot_loads_each(toolkit_datasets, vlm, 
     ours = Policy.from_pretrained(bc)
     assert isinstance(ours, LeRobotPolicy) and ours.lerobot_config.type == "smolvla"
     assert ours.bc_horizon == 8 and not ours.observation_spec.privileged
-    torch.manual_seed(0)
-    ProgressRewardModel(
-        ProgressConfig(image_size=48, vision_channels=[4, 8], num_keypoints=4, d_model=16,
-                       n_heads=2, n_layers=1, ff_dim=32, num_bins=8)
-    ).save_pretrained(tmp_path / "reward")  # fmt: skip
+    assert main(["eval", "--policy", str(bc), "--tasks", "Reach", "--episodes", "2",
+                 "--videos", "0", "--out", str(tmp_path / "eval")]) == 0  # fmt: skip
+    results = json.loads(next((tmp_path / "eval").rglob("results.json")).read_text())
+    assert "Reach" in json.dumps(results)
+    tiny_progress_model(tmp_path / "reward", image_size=48)
     (tmp_path / "tpo.yaml").write_text("name: tpo-smolvla\nobjective: success\n")
     short = ["task=Reach", "groups=1", "group_size=2", "epochs=1", "eval_episodes=0",
              "save_every=1", f"policy={bc}", "policy_overrides.finetune_steps=2",
@@ -211,18 +185,5 @@ def test_bc_grpo_and_tpo_train_it_and_lerobot_loads_each(toolkit_datasets, vlm, 
         "tpo": ["train", "tpo", str(tmp_path / "tpo.yaml"), "rounds=1", "pairs=all",
                 "margin=0.0", "reward=learned", f"reward_model={tmp_path / 'reward'}", *short],
     }  # fmt: skip
-    for name, argv in runs.items():
-        assert main([*argv, f"out={tmp_path / name}"]) == 0, name
-        saved = next((tmp_path / name).glob("*/policy"))
-        tuned = Policy.from_pretrained(saved)
-        changed = [
-            not torch.equal(a, b)
-            for a, b in zip(tuned.state_dict().values(), ours.state_dict().values(), strict=True)
-        ]
-        assert any(changed), f"{name} did not change the weights"
-        theirs = SmolVLAPolicy.from_pretrained(saved).state_dict()  # LeRobot loads the result
-        for key, value in tuned.model.state_dict().items():
-            assert torch.equal(theirs[key], value), key
-    theirs = SmolVLAPolicy.from_pretrained(bc).state_dict()  # and what BC saved
-    for key, value in ours.model.state_dict().items():
-        assert torch.equal(theirs[key], value), key
+    fine_tune(runs, tmp_path, ours)
+    assert_lerobot_loads(bc, ours)  # and what BC saved

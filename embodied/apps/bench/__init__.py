@@ -41,7 +41,8 @@ BENCHES: dict[str, tuple[Callable[..., list[Any]], str, dict[str, str], dict[str
         "decisions": "act() calls per timed run", "policy_dirs": "saved policy dirs to add",
     }, {"policy_dirs": "--policy"}),
     "reward": (bench_reward, "reward-model scoring frames/s, batched vs one clip", {
-        "frames": "frames per clip (a rollout)", "model_dirs": "saved reward model dirs to add",
+        "frames": "frames per clip (8: what GRPO scores per rollout; 100: a whole rollout)",
+        "model_dirs": "saved reward model dirs to add",
     }, {"model_dirs": "--model"}),
     "train": (bench_train, "training steps/s, glibc malloc default vs kept", {
         "steps": "training steps per timed run",
@@ -65,7 +66,7 @@ QUICK = {
     "collect": {"episodes": 4, "repeats": 2},
     "dataset": {"episodes": 4, "repeats": 3},
     "policy": {"decisions": 3, "repeats": 3},
-    "reward": {"frames": 50, "repeats": 3},
+    "reward": {"frames": (8, 50), "repeats": 3},
     "train": {"image_size": 64, "batch_size": 16, "steps": 2},
     "vision": {"batch": 16, "steps": 2, "repeats": 2},
     "rollout": {"episodes": 4, "repeats": 2},

@@ -1,4 +1,5 @@
-"""``embodied bench reward``: progress-model scoring frames/s, batched against one clip."""
+"""``embodied bench reward``: progress-model scoring frames/s, batched against one clip of the same
+length."""
 
 from __future__ import annotations
 
@@ -28,16 +29,17 @@ class RewardRow(Row):
 def bench_reward(
     image_size: int = 64,
     batches: tuple[int, ...] = (1, 16),
-    frames: int = 100,
+    frames: tuple[int, ...] = (8, 100),
     repeats: int = 5,
     model_dirs: tuple[str, ...] = (),
     device: str = "cpu",
     progress: Any = None,
 ) -> list[RewardRow]:
-    """Frames/s of ``ProgressRewardModel.progress`` on batches of rollout-length clips (GRPO's
-    scoring step): the default (configs/reward.yaml-sized) model at ``image_size`` and any saved
-    models, each against the same model scoring one clip per call, on ``device`` (``auto``: CUDA
-    when available) with the clips starting on the CPU."""
+    """Frames/s of ``ProgressRewardModel.progress`` on batches of clips, each against the same
+    model scoring one clip of that length per call: clips of 8 frames are what GRPO and TPO score
+    per rollout (``reward_frames``), 100 a whole rollout's frames. The default
+    (configs/reward.yaml-sized) model at ``image_size`` and any saved models, on ``device``
+    (``auto``: CUDA when available) with the clips starting on the CPU."""
 
     where = resolve_device(device)
     tasks = ["put the red block on the green plate", "push the blue block to the purple plate"]
@@ -48,22 +50,24 @@ def bench_reward(
     rows = []
     for label, model in models:
         size = model.config.image_size
-        rates = {}
-        for batch in sorted(set(batches) | {1}):
-            if progress is not None:
-                progress(f"reward {label} at batch {batch}")
-            clips = torch.from_numpy(
-                rng.integers(0, 256, (batch, frames, size, size, 3), dtype=np.uint8)
-            )
-            text = [tasks[i % len(tasks)] for i in range(batch)]
+        for length in frames:
+            rates = {}
+            for batch in sorted(set(batches) | {1}):
+                if progress is not None:
+                    progress(f"reward {label}, {length} frames at batch {batch}")
+                clips = torch.from_numpy(
+                    rng.integers(0, 256, (batch, length, size, size, 3), dtype=np.uint8)
+                )
+                text = [tasks[i % len(tasks)] for i in range(batch)]
 
-            def run(n: int, model: Any = model, clips: Any = clips, text: Any = text) -> None:
-                for _ in range(n):
-                    model.progress(clips, text)
+                def run(n: int, model: Any = model, clips: Any = clips, text: Any = text) -> None:
+                    for _ in range(n):
+                        model.progress(clips, text)
 
-            rates[batch] = median_rate(run, 2, repeats, where) * batch * frames
-        rows += [
-            RewardRow(label, b, frames, rates[b], f"{label} (batch 1)", rates[b] / rates[1])
-            for b in batches
-        ]
+                rates[batch] = median_rate(run, 2, repeats, where) * batch * length
+            baseline = f"{label} (batch 1, {length} frames)"
+            rows += [
+                RewardRow(label, b, length, rates[b], baseline, rates[b] / rates[1])
+                for b in batches
+            ]
     return rows
