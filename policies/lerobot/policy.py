@@ -116,6 +116,8 @@ class LeRobotPolicy(Policy):
             self.build_processors()
         except OSError as error:  # a VLM directory or Hub name that is not there
             name = getattr(build, "vlm_model_name", None)
+            if name is None:
+                raise
             reason = str(error).splitlines()[0]
             raise ValueError(
                 f"LeRobot {build.type} policy: cannot load its VLM {name!r} ({reason})"
