@@ -152,7 +152,7 @@ def test_other_lerobot_types_are_refused_naming_the_supported_ones() -> None:
         LeRobotPolicyConfig(lerobot={"type": "pi0"})
 
 
-def test_bc_eval_grpo_and_tpo_run_on_it_and_lerobot_loads_each(toolkit_datasets, vlm, tmp_path) -> None:
+def test_bc_eval_grpo_and_tpo_and_lerobot_loads_each(toolkit_datasets, vlm, tmp_path) -> None:
     """``embodied train bc ... policy=lerobot policy_overrides.type=smolvla`` on the toolkit's
     camera dataset, ``embodied eval`` on Reach from its camera, then one GRPO and one TPO round;
     LeRobot loads what each saved."""
