@@ -120,12 +120,8 @@ class SmolVLAChain(LeRobotChain):
         belongs to the B observations), as ``act`` made them."""
         b = x.shape[0] // k
         t, x, x_next = t.view(b, k), x.view(b, k, *x.shape[1:]), x_next.view(b, k, *x.shape[1:])
-        columns = [
-            gaussian_log_prob(
-                x_next[:, i], self.gaussian_step(x[:, i], t[:, i], context).mean, self.std
-            )
-            for i in range(k)
-        ]
+        steps = [self.gaussian_step(x[:, i], t[:, i], context) for i in range(k)]
+        columns = [gaussian_log_prob(x_next[:, i], s.mean, s.std) for i, s in enumerate(steps)]
         return torch.stack(columns, dim=1).reshape(-1)
 
     def executed(self, x: torch.Tensor) -> torch.Tensor:
