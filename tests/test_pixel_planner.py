@@ -10,7 +10,12 @@ import torch
 from embodied.core.features import ENV_STATE_KEY
 from embodied.core.nn import build_vocab
 from embodied.core.policy import Policy
-from embodied.core.vision import PretrainedImageEncoder, build_image_encoder, random_shift
+from embodied.core.vision import (
+    PretrainedImageEncoder,
+    build_image_encoder,
+    chunk_size,
+    random_shift,
+)
 from embodied.policies.diffusion import DiffusionConfig, DiffusionPolicy
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -108,6 +113,18 @@ def test_resnet_encoder_returns_features_and_keypoints(film: int):
         assert encoder.film.weight.grad is not None
         with pytest.raises(ValueError, match="FiLM"):
             encoder.encode(images)
+
+
+def test_many_images_encode_in_chunks_as_each_image_alone():
+    encoder = build_image_encoder("resnet", [8, 16], 8, 16, film_dim=16).eval()
+    torch.nn.init.normal_(encoder.film.weight)  # the condition must follow its own image
+    n = 2 * chunk_size(96, 96) + 3
+    images = torch.randint(0, 256, (n, 96, 96, 3)).to(torch.uint8)
+    condition = torch.randn(n, 16)
+    features, keypoints = encoder.encode(images, condition)
+    alone = [encoder.encode(images[i : i + 1], condition[i : i + 1]) for i in range(n)]
+    torch.testing.assert_close(features, torch.cat([f for f, _ in alone]))
+    torch.testing.assert_close(keypoints, torch.cat([k for _, k in alone]))
 
 
 def tiny_hf_models(tmp_path) -> list[str]:
