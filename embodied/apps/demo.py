@@ -2,11 +2,13 @@
 
 For each task (``DemoConfig`` holds the recipe; override any setting as ``key=value``):
 
-1. collect expert demonstrations (state observations) and failure data for the reward model
-   (noisy, cut-off and ReWiND-rewound camera episodes);
+1. collect expert demonstrations (clean and DART, with the front camera at 64 px) and failure
+   data for the reward model (noisy, cut-off and ReWiND-rewound camera episodes);
 2. label the failure data with procedure-grounded progress;
 3. train the progress reward model;
-4. behaviour-clone the diffusion planner on the demonstrations;
+4. behaviour-clone the diffusion planner on the demonstrations: by default the camera planner,
+   which reads the front camera, ``agent_pos`` and the instruction (``inputs=state``: the
+   simulator's object state instead);
 5. evaluate it on held-out seeds;
 6. fine-tune it with trajectory-level GRPO on the learned reward plus success;
 7. evaluate again on the same seeds;
@@ -57,22 +59,33 @@ QUICK = [
 
 
 def _failures() -> dict[str, Any]:
-    return {"episodes": 60, "noise": 0.1, "cutoff": 0.3, "rewind": 0.3, "image_size": 64}
+    return {"episodes": 60, "noise": 0.1, "cutoff": 0.3, "rewind": 0.3}
 
 
 def _reward() -> dict[str, Any]:
     return {"steps": 400, "batch_size": 32, "eval_every": 200, "save_every": 200}
 
 
+# The planner's inputs (``DemoConfig.inputs``) -> its settings on top of the bc section's.
+PLANNERS: dict[str, dict[str, Any]] = {
+    # configs/bc_pixels.yaml's recipe: the environment state is a training-only target
+    "cameras": {
+        "n_obs_steps": 1,
+        "image_keys": ["observation.image"],
+        "vision_channels": [32, 64],
+        "image_shift": 4,
+        "vision_film": True,
+        "aux_state_weight": 1.0,
+        "aux_state_encoder": "objects",
+    },
+    "state": {"image_keys": [], "env_state_encoder": "objects"},
+}
+
+
 def _bc() -> dict[str, Any]:
     return {
         "policy": "diffusion",
-        "policy_overrides": {
-            "image_keys": [],
-            "env_state_encoder": "objects",
-            "cond_mlp_dims": [256, 256],
-            "n_action_steps": 4,
-        },
+        "policy_overrides": {"cond_mlp_dims": [256, 256], "n_action_steps": 4},
         "steps": 1000,
         "batch_size": 64,
         "optim": {"lr": 1e-3, "warmup_steps": 100},
@@ -107,7 +120,7 @@ def _grpo() -> dict[str, Any]:
 
 # Settings of each stage that the demo wires itself (datasets, policies, the reward model).
 WIRED = {
-    "failures": ("task", "out", "seed"),
+    "failures": ("task", "out", "seed", "image_size"),
     "reward": ("dataset", "out"),
     "bc": ("dataset", "out"),
     "grpo": ("policy", "reward_model", "task"),
@@ -125,7 +138,10 @@ class DemoConfig:
     out: str = "runs"
     tasks: list[str] = field(default_factory=lambda: ["DrawerOpen"])
     seed: int = seed_setting()
+    inputs: str = setting("cameras", choices=tuple(PLANNERS))  # what the planner reads
+    image_size: int = setting(64, low=8, high=512)  # the camera's, for the planner and reward
     demos: int = setting(100, low=1)  # clean expert demonstrations per task, for BC
+    dart: int = setting(100, low=0)  # + DART episodes: noisy actions run, the expert's recorded
     failures: dict[str, Any] = field(default_factory=_failures)
     reward: dict[str, Any] = field(default_factory=_reward)
     bc: dict[str, Any] = field(default_factory=_bc)
@@ -160,14 +176,27 @@ def stage_configs(cfg: DemoConfig, task: str, root: Path) -> dict[str, Any]:
     a bad key fails before minutes of work)."""
 
     data, runs = root / "data", root / task
+    camera = {"obs_mode": "pixels_state", "image_size": cfg.image_size, "cameras": ["front"]}
+    inputs = camera if cfg.inputs == "cameras" else {"obs_mode": "state"}
     demos = config_from(
         CollectConfig,
         {"task": task, "episodes": cfg.demos, "out": data / f"{task}-demos", "seed": cfg.seed,
-         "obs_mode": "state"},
+         **inputs},
+    )  # fmt: skip
+    dart = config_from(  # into the same dataset, on other seeds
+        CollectConfig,
+        {"task": task, "episodes": max(cfg.dart, 1), "out": demos.out, "seed": cfg.seed + 25_000,
+         "noise": 0.2, "record": "expert", **inputs},
     )  # fmt: skip
     failures = config_from(
         CollectConfig,
-        {"seed": cfg.seed + 50_000, **cfg.failures, "task": task, "out": data / f"{task}-failures"},
+        {
+            "seed": cfg.seed + 50_000,
+            **cfg.failures,
+            "task": task,
+            "out": data / f"{task}-failures",
+            "image_size": cfg.image_size,
+        },
         "in the demo's failures section",
     )
     reward = config_from(
@@ -175,8 +204,11 @@ def stage_configs(cfg: DemoConfig, task: str, root: Path) -> dict[str, Any]:
         {"seed": cfg.seed, **cfg.reward, "dataset": failures.out, "out": runs, "name": "reward"},
         "in the demo's reward section",
     )
+    planner = {**PLANNERS[cfg.inputs], **cfg.bc.get("policy_overrides", {})}
     bc = config_from(
-        BCConfig, {"seed": cfg.seed, **cfg.bc, "dataset": demos.out, "out": runs, "name": "bc"},
+        BCConfig,
+        {"seed": cfg.seed, **cfg.bc, "policy_overrides": planner, "dataset": demos.out,
+         "out": runs, "name": "bc"},
         "in the demo's bc section",
     )  # fmt: skip
     # policy and reward_model are filled in once the bc and reward stages have saved them
@@ -186,7 +218,8 @@ def stage_configs(cfg: DemoConfig, task: str, root: Path) -> dict[str, Any]:
          "reward_model": "(reward)", "out": runs, "name": "grpo"},
         "in the demo's grpo section",
     )  # fmt: skip
-    return {"demos": demos, "failures": failures, "reward": reward, "bc": bc, "grpo": grpo}
+    return {"demos": demos, "dart": dart if cfg.dart else None, "failures": failures,
+            "reward": reward, "bc": bc, "grpo": grpo}  # fmt: skip
 
 
 def run_demo(cfg: DemoConfig, echo: Any = print) -> tuple[RunDir, list[TaskOutcome]]:
@@ -218,6 +251,8 @@ def _run_task(
 
     stage("collect")
     run_collect(plan["demos"])
+    if plan["dart"] is not None:
+        run_collect(plan["dart"])
     run_collect(plan["failures"])
     stage("label")
     run_label(plan["failures"].out)
