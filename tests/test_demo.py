@@ -15,14 +15,17 @@ import numpy as np
 import pytest
 
 from embodied.apps.cli import main
-from embodied.apps.demo import QUICK, DemoConfig
+from embodied.apps.demo import QUICK, DemoConfig, stage_configs
 from embodied.core.config import load_config
+from embodied.core.policy import Policy
 from embodied.core.run import read_metrics
+from embodied.datasets import LeRobotDataset
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = DemoConfig().tasks[0]  # the demo's default task
 TINY = [  # on top of --quick: the smallest run that still goes through every stage
     "demos=4",
+    "dart=2",
     "failures.episodes=4",
     "reward.steps=4",
     "reward.eval_every=2",
@@ -85,13 +88,20 @@ def test_demo_runs_every_stage_and_reports_before_and_after(demo_run: tuple[Path
     assert sorted(p.name for p in data.iterdir()) == [f"{TASK}-demos", f"{TASK}-failures"]
     cfg = load_config(DemoConfig, run / "config.yaml")
     assert cfg.demos == 4 and cfg.grpo["iterations"] == 1
+    # the planner learnt from clean and DART demos, and reads the camera, never the object state
+    assert LeRobotDataset(data / f"{TASK}-demos").num_episodes == 4 + 2
+    for stage in ("bc", "grpo"):
+        spec = Policy.from_pretrained(Path(task["runs"][stage]) / "policy").observation_spec
+        assert spec.cameras == {"observation.image": (64, 64)} and not spec.privileged
 
 
 @pytest.mark.slow  # the whole pipeline at toy sizes: minutes
 def test_demo_report_has_plots_and_playable_videos(demo_run: tuple[Path, str]) -> None:
     run, _ = demo_run
     page = (run / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 4  # success, learning curves, progress, monitor
+    # success, learning curves, progress, the camera's frames, monitor
+    assert page.count("data:image/png;base64,") == 5
+    assert "What the camera sees" in page
     assert "intervals separate" in page and "Reward-hacking monitor" in page
     videos = re.findall(r'<video src="([^"]+)"', page)
     assert videos == [f"videos/bc-{TASK}-100000.mp4", f"videos/grpo-{TASK}-100000.mp4"]
@@ -101,7 +111,7 @@ def test_demo_report_has_plots_and_playable_videos(demo_run: tuple[Path, str]) -
         assert len(frames) > 5 and frames[0].shape == (192, 192, 3)  # 64 px camera, enlarged
     for png in (
         "success.png",
-        *(f"{TASK}-{kind}.png" for kind in ("curves", "progress", "monitor")),
+        *(f"{TASK}-{kind}.png" for kind in ("curves", "progress", "monitor", "camera")),
     ):
         assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -129,6 +139,20 @@ def test_the_quick_preset_names_real_keys() -> None:
     assert quick.demos == 10 and quick.grpo["iterations"] == 2
 
 
+@pytest.mark.parametrize("inputs", ["cameras", "state"])
+def test_the_planner_reads_what_inputs_names(inputs: str, tmp_path: Path) -> None:
+    cfg = load_config(DemoConfig, None, [f"inputs={inputs}", "image_size=48"])
+    plan = stage_configs(cfg, TASK, tmp_path)
+    overrides = plan["bc"].policy_overrides
+    assert plan["failures"].image_size == 48  # the reward model's frames
+    assert plan["dart"].out == plan["demos"].out and plan["dart"].record == "expert"
+    if inputs == "cameras":
+        assert overrides["image_keys"] == ["observation.image"]
+        assert plan["demos"].image_size == 48 and plan["demos"].cameras == ["front"]
+    else:
+        assert overrides["image_keys"] == [] and plan["demos"].obs_mode == "state"
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -140,6 +164,8 @@ def test_the_quick_preset_names_real_keys() -> None:
         ("seed=-1", "config key 'seed' = -1 is out of range: expected in [0, 4294967295]"),
         ("bc.batch_size=0", "config key 'batch_size' = 0 is out of range: expected >= 1"),
         ("demoz=3", "unknown config key 'demoz'"),
+        ("failures.image_size=96", "failures.image_size is set by the demo itself"),
+        ("inputs=pixels", "config key 'inputs' = 'pixels'"),
     ],
 )
 def test_demo_bad_input_is_a_clear_error_before_any_work(

@@ -31,6 +31,7 @@ from embodied.apps.collect import CollectConfig, run_collect
 from embodied.apps.demo_report import STAGES, TaskOutcome, write_report
 from embodied.apps.label import run_label
 from embodied.core.config import config_from, seed_setting, setting, validate
+from embodied.core.reward import camera_frames, evenly_spaced
 from embodied.core.run import RunDir, seed_everything
 from embodied.evaluation.suite import evaluate_task, policy_check
 from embodied.policies import Policy
@@ -44,6 +45,7 @@ from embodied.train.reward import RewardTrainConfig, train_reward
 # `embodied demo --quick`: the same pipeline at toy sizes, for CI and a first look (minutes).
 QUICK = [
     "demos=10",
+    "dart=10",
     "failures.episodes=8",
     "reward.steps=20",
     "reward.eval_every=10",
@@ -264,20 +266,25 @@ def _run_task(
         "learned", str(Path(runs["reward"]) / "model"), plan["grpo"].reward_frames
     )
     curves: dict[str, list[list[float]]] = {}
+    views: dict[str, tuple[Any, list[float]]] = {}
 
     stage("eval bc")
     policy = Policy.from_pretrained(Path(runs["bc"]) / "policy").eval()
-    bc_result, curves["BC"] = _evaluate(cfg, run.path, task, policy, reward_model, "bc")
+    bc_result, curves["BC"], views["BC"] = _evaluate(
+        cfg, run.path, task, policy, reward_model, "bc"
+    )
     stage("grpo")
     grpo_cfg = plan["grpo"]
     grpo_cfg.policy, grpo_cfg.reward_model = runs["bc"] + "/policy", runs["reward"] + "/model"
     runs["grpo"] = str(train_grpo(grpo_cfg).path)
     stage("eval grpo")
     policy = Policy.from_pretrained(Path(runs["grpo"]) / "policy").eval()
-    grpo_result, curves["GRPO"] = _evaluate(cfg, run.path, task, policy, reward_model, "grpo")
+    grpo_result, curves["GRPO"], views["GRPO"] = _evaluate(
+        cfg, run.path, task, policy, reward_model, "grpo"
+    )
     marks.append(("end", time.perf_counter()))
     seconds = {name: end - start for (name, start), (_, end) in itertools.pairwise(marks)}
-    return TaskOutcome(task, bc_result, grpo_result, runs, seconds, curves)
+    return TaskOutcome(task, bc_result, grpo_result, runs, seconds, curves, views)
 
 
 def _evaluate(
@@ -287,9 +294,9 @@ def _evaluate(
     policy: Any,
     reward_model: Any,
     prefix: str,
-) -> tuple[Any, list[list[float]]]:
+) -> tuple[Any, list[list[float]], tuple[Any, list[float]]]:
     """Greedy evaluation on the held-out seeds, with videos; the reward model's progress of every
-    episode comes back beside the privileged result."""
+    episode comes back beside the privileged result, and the first episode's scored frames."""
 
     result, trajs = evaluate_task(
         root,
@@ -305,4 +312,7 @@ def _evaluate(
         prefix=f"{prefix}-",
         check=policy_check(policy, task),
     )
-    return result, [score.progress.tolist() for score in reward_model.score(trajs)]
+    scores = reward_model.score(trajs)
+    pick = evenly_spaced(trajs[0].length + 1, reward_model.frames)  # the frames it scored
+    first = (camera_frames(trajs[0])[pick], scores[0].progress[pick].tolist())
+    return result, [score.progress.tolist() for score in scores], first

@@ -14,6 +14,7 @@ from typing import Any
 from embodied.core.io import atomic_write_bytes, atomic_write_text
 from embodied.core.run import read_metrics
 from embodied.evaluation.report import (
+    camera_strip,
     figure_png,
     html_page,
     html_table,
@@ -38,6 +39,8 @@ class TaskOutcome:
     runs: dict[str, str]
     seconds: dict[str, float]
     learned_curves: dict[str, list[list[float]]] = field(repr=False, default_factory=dict)
+    # the first evaluation episode's camera frames that the reward model scored, and its scores
+    views: dict[str, tuple[Any, list[float]]] = field(repr=False, default_factory=dict)
 
     @property
     def separated(self) -> bool:
@@ -206,6 +209,9 @@ def write_report(path: Path, cfg: Any, outcomes: Sequence[TaskOutcome], seconds:
                 ]
             ),  # fmt: skip
             "monitor": monitor_plot(o),
+            "camera": camera_strip(
+                [(f"{name}, episode 1", *o.views[name]) for name in ("BC", "GRPO")]
+            ),
         }
         for kind, png in pngs.items():
             atomic_write_bytes(path / f"{slug}-{kind}.png", png)
@@ -219,6 +225,9 @@ def write_report(path: Path, cfg: Any, outcomes: Sequence[TaskOutcome], seconds:
             image_tag(pngs["curves"], f"{o.task} learning curves"),
             "<h3>Progress of successful (green) and failed (red) evaluation episodes</h3>",
             image_tag(pngs["progress"], f"{o.task} progress curves"),
+            "<h3>What the camera sees: the planner's input, with the learned progress of each "
+            "frame</h3>",
+            image_tag(pngs["camera"], f"{o.task} camera frames"),
             "<h3>Reward-hacking monitor</h3>",
             image_tag(pngs["monitor"], f"{o.task} reward monitor"),
             "<h3>Rollouts (same seeds before and after)</h3>",

@@ -127,6 +127,25 @@ def progress_plot(panels: Sequence[tuple[str, Sequence[Sequence[float]], Sequenc
     return figure_png(fig)
 
 
+def camera_strip(rows: Sequence[tuple[str, np.ndarray, Sequence[float]]]) -> bytes:
+    """What a camera saw along an episode: one row per ``(title, frames uint8 [K, H, W, 3],
+    progress [K])``, each frame captioned with the progress scored on it."""
+    plt = pyplot()
+    width = max(len(frames) for _, frames, _ in rows)
+    fig, axes = plt.subplots(
+        len(rows), width, figsize=(1.2 * width, 1.5 * len(rows)), squeeze=False
+    )
+    for row, (title, frames, progress) in zip(axes, rows, strict=True):
+        for i, ax in enumerate(row):
+            ax.axis("off")
+            if i < len(frames):
+                ax.imshow(frames[i])
+                ax.set_title(f"{progress[i]:.2f}", fontsize=8)
+        row[0].text(-0.1, 0.5, title, transform=row[0].transAxes, ha="right", va="center",
+                    fontsize=8)  # fmt: skip
+    return figure_png(fig)
+
+
 def result_panels(results: Sequence[Any]) -> list[tuple[str, list[list[float]], list[bool]]]:
     """``progress_plot`` panels of evaluation results' privileged progress, one per task."""
     return [
