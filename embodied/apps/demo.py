@@ -88,7 +88,7 @@ def _bc() -> dict[str, Any]:
     return {
         "policy": "diffusion",
         "policy_overrides": {"cond_mlp_dims": [256, 256], "n_action_steps": 4},
-        "steps": 1000,
+        "steps": 800,
         "batch_size": 64,
         "optim": {"lr": 1e-3, "warmup_steps": 100},
         "eval_episodes": 0,
@@ -98,7 +98,7 @@ def _bc() -> dict[str, Any]:
 
 def _grpo() -> dict[str, Any]:
     return {
-        "iterations": 16,  # 12 left two of four GRPO seeds at 87% and 94% greedy
+        "iterations": 12,
         "groups": 8,
         "group_size": 4,
         "max_refills": 0,
@@ -122,7 +122,7 @@ def _grpo() -> dict[str, Any]:
 
 # Settings of each stage that the demo wires itself (datasets, policies, the reward model).
 WIRED = {
-    "failures": ("task", "out", "seed", "image_size"),
+    "failures": ("task", "out", "seed", "image_size", "workers"),
     "reward": ("dataset", "out"),
     "bc": ("dataset", "out"),
     "grpo": ("policy", "reward_model", "task"),
@@ -144,6 +144,7 @@ class DemoConfig:
     image_size: int = setting(64, low=8, high=512)  # the camera's, for the planner and reward
     demos: int = setting(100, low=1)  # clean expert demonstrations per task, for BC
     dart: int = setting(100, low=0)  # + DART episodes: noisy actions run, the expert's recorded
+    collect_workers: int = setting(2, low=1)  # processes collecting demos and failures
     failures: dict[str, Any] = field(default_factory=_failures)
     reward: dict[str, Any] = field(default_factory=_reward)
     bc: dict[str, Any] = field(default_factory=_bc)
@@ -180,6 +181,7 @@ def stage_configs(cfg: DemoConfig, task: str, root: Path) -> dict[str, Any]:
     data, runs = root / "data", root / task
     camera = {"obs_mode": "pixels_state", "image_size": cfg.image_size, "cameras": ["front"]}
     inputs = camera if cfg.inputs == "cameras" else {"obs_mode": "state"}
+    inputs["workers"] = cfg.collect_workers
     demos = config_from(
         CollectConfig,
         {"task": task, "episodes": cfg.demos, "out": data / f"{task}-demos", "seed": cfg.seed,
@@ -198,6 +200,7 @@ def stage_configs(cfg: DemoConfig, task: str, root: Path) -> dict[str, Any]:
             "task": task,
             "out": data / f"{task}-failures",
             "image_size": cfg.image_size,
+            "workers": cfg.collect_workers,
         },
         "in the demo's failures section",
     )
