@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from embodied.apps.cli import main
-from embodied.apps.demo import QUICK, DemoConfig, stage_configs
+from embodied.apps.demo import CAMERAS, QUICK, DemoConfig, stage_configs
 from embodied.core.config import load_config
 from embodied.core.policy import Policy
 from embodied.core.run import read_metrics
@@ -45,7 +45,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("demo")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert main(["demo", "--quick", *TINY, "--out", str(out)]) == 0
+        assert main(["demo", "--quick", "--cameras", *TINY, "--out", str(out)]) == 0
     (run,) = out.iterdir()
     return run, printed.getvalue()
 
@@ -133,15 +133,18 @@ def test_demo_report_renders_in_headless_chromium(demo_run: tuple[Path, str]) ->
     assert (image < 200).mean() > 0.02 and len(np.unique(image.reshape(-1, 3), axis=0)) > 50
 
 
-def test_the_quick_preset_names_real_keys() -> None:
-    assert all("=" in override for override in QUICK)
+def test_the_presets_name_real_keys() -> None:
+    assert all("=" in override for override in QUICK + CAMERAS)
     quick = load_config(DemoConfig, None, QUICK)
     assert quick.demos == 10 and quick.grpo["iterations"] == 2
+    cameras = load_config(DemoConfig, None, CAMERAS)
+    assert (cameras.inputs, cameras.dart) == ("cameras", 100)
+    assert DemoConfig().inputs == "state"  # make demo's default: the reliable state planner
 
 
 @pytest.mark.parametrize("inputs", ["cameras", "state"])
 def test_the_planner_reads_what_inputs_names(inputs: str, tmp_path: Path) -> None:
-    cfg = load_config(DemoConfig, None, [f"inputs={inputs}", "image_size=48"])
+    cfg = load_config(DemoConfig, None, [f"inputs={inputs}", "image_size=48", "dart=5"])
     plan = stage_configs(cfg, TASK, tmp_path)
     overrides = plan["bc"].policy_overrides
     assert plan["failures"].image_size == 48  # the reward model's frames

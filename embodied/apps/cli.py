@@ -16,12 +16,12 @@ from embodied.apps.allocator import keep_freed_memory
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from embodied.apps.demo import QUICK, DemoConfig, run_demo
+    from embodied.apps.demo import CAMERAS, QUICK, DemoConfig, run_demo
     from embodied.apps.demo_report import summary_text
     from embodied.core.config import load_config
 
-    quick = QUICK if args.quick else []
-    overrides = [*quick, *args.overrides] + ([f"out={args.out}"] if args.out else [])
+    presets = (QUICK if args.quick else []) + (CAMERAS if args.cameras else [])
+    overrides = [*presets, *args.overrides] + ([f"out={args.out}"] if args.out else [])
     cfg = load_config(DemoConfig, args.config, overrides)
     run, outcomes = run_demo(cfg, echo=lambda line: print(line, flush=True))
     print("\n" + summary_text(outcomes))
@@ -192,6 +192,11 @@ def build_parser(benches: bool = True) -> argparse.ArgumentParser:
     demo.add_argument("--out", default=None, help="root directory for the run (default: runs)")
     demo.add_argument(
         "--quick", action="store_true", help="toy sizes: the same pipeline in a few minutes"
+    )
+    demo.add_argument(
+        "--cameras",
+        action="store_true",
+        help="the camera planner (front camera, agent_pos, instruction) instead of object state",
     )
     demo.set_defaults(func=_cmd_demo)
 
