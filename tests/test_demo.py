@@ -102,6 +102,7 @@ def test_demo_report_has_plots_and_playable_videos(demo_run: tuple[Path, str]) -
     # success, learning curves, progress, the camera's frames, monitor
     assert page.count("data:image/png;base64,") == 5
     assert "What the camera sees" in page
+    assert "4 + 2 DART expert demonstrations" in page and "reading the front camera (64 px)" in page
     assert "intervals separate" in page and "Reward-hacking monitor" in page
     videos = re.findall(r'<video src="([^"]+)"', page)
     assert videos == [f"videos/bc-{TASK}-100000.mp4", f"videos/grpo-{TASK}-100000.mp4"]

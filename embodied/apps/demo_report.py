@@ -174,9 +174,15 @@ def write_report(path: Path, cfg: Any, outcomes: Sequence[TaskOutcome], seconds:
     }  # fmt: skip
     atomic_write_text(path / "results.json", json.dumps(payload, indent=2) + "\n")
     seeds = f"seeds {cfg.eval_seed}..{cfg.eval_seed + cfg.eval_episodes - 1}"
+    reads = {
+        "cameras": f"the front camera ({cfg.image_size} px), agent_pos and the instruction",
+        "state": "the simulator's object state",
+    }[cfg.inputs]
+    dart = f" + {cfg.dart} DART" if cfg.dart else ""
     intro = (
-        f"{cfg.demos} expert demonstrations per task; the diffusion planner behaviour-cloned on "
-        f"them, then fine-tuned with GRPO on the learned progress reward plus success. Both "
+        f"{cfg.demos}{dart} expert demonstrations per task; the diffusion planner, reading "
+        f"{reads}, behaviour-cloned on them, then fine-tuned with GRPO on the learned progress "
+        f"reward plus success. Both "
         f"evaluated greedily on the same {cfg.eval_episodes} held-out {seeds}; intervals are "
         f"Wilson 95%. Whole pipeline: {seconds / 60:.1f} minutes."
     )
