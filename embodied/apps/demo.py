@@ -3,7 +3,8 @@
 For each task (``DemoConfig`` holds the recipe; override any setting as ``key=value``):
 
 1. collect expert demonstrations (clean, and DART when ``dart`` > 0) and failure data for the
-   reward model (noisy, cut-off and ReWiND-rewound episodes from the front camera at 64 px);
+   reward model (noisy, cut-off and ReWiND-rewound episodes from the front camera at
+   ``image_size``, 64 px);
 2. label the failure data with procedure-grounded progress;
 3. train the progress reward model;
 4. behaviour-clone the diffusion planner on the demonstrations: by default from the simulator's
@@ -183,18 +184,20 @@ def stage_configs(cfg: DemoConfig, task: str, root: Path) -> dict[str, Any]:
 
     data, runs = root / "data", root / task
     camera = {"obs_mode": "pixels_state", "image_size": cfg.image_size, "cameras": ["front"]}
-    inputs = camera if cfg.inputs == "cameras" else {"obs_mode": "state"}
-    inputs["workers"] = cfg.collect_workers
+    observed = camera if cfg.inputs == "cameras" else {"obs_mode": "state"}
+    inputs = {**observed, "workers": cfg.collect_workers}
     demos = config_from(
         CollectConfig,
         {"task": task, "episodes": cfg.demos, "out": data / f"{task}-demos", "seed": cfg.seed,
          **inputs},
     )  # fmt: skip
-    dart = config_from(  # into the same dataset, on other seeds
-        CollectConfig,
-        {"task": task, "episodes": max(cfg.dart, 1), "out": demos.out, "seed": cfg.seed + 25_000,
-         "noise": 0.2, "record": "expert", **inputs},
-    )  # fmt: skip
+    dart = None  # into the same dataset, on other seeds
+    if cfg.dart:
+        dart = config_from(
+            CollectConfig,
+            {"task": task, "episodes": cfg.dart, "out": demos.out, "seed": cfg.seed + 25_000,
+             "noise": 0.2, "record": "expert", **inputs},
+        )  # fmt: skip
     failures = config_from(
         CollectConfig,
         {
@@ -226,7 +229,7 @@ def stage_configs(cfg: DemoConfig, task: str, root: Path) -> dict[str, Any]:
          "reward_model": "(reward)", "out": runs, "name": "grpo"},
         "in the demo's grpo section",
     )  # fmt: skip
-    return {"demos": demos, "dart": dart if cfg.dart else None, "failures": failures,
+    return {"demos": demos, "dart": dart, "failures": failures,
             "reward": reward, "bc": bc, "grpo": grpo}  # fmt: skip
 
 
