@@ -136,6 +136,7 @@ class ProgressRewardModel(nn.Module):
         )  # fmt: skip
         if isinstance(self.image_encoder, PretrainedImageEncoder):
             self.image_encoder.cache_trunk = False  # augmented clips never repeat a frame
+        self.image_encoder.channels_last_inference = True  # scores are never recomputed
         self.instruction_encoder = InstructionEncoder(config.vocab, d)
         self.fuse = nn.Linear(2 * d, d)
         layer = nn.TransformerEncoderLayer(

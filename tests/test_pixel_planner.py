@@ -127,6 +127,19 @@ def test_many_images_encode_in_chunks_as_each_image_alone():
     torch.testing.assert_close(keypoints, torch.cat([k for _, k in alone]))
 
 
+def test_a_policy_encoder_gives_the_same_bits_with_and_without_gradients():
+    """A policy's rollout log-probs (no gradients) are recomputed in the update (gradients), so
+    its camera encoder must run the same kernels both ways: NCHW, not the faster channels-last
+    layout the reward model scores in (whose last bits differ)."""
+    encoder = build_image_encoder("resnet", [8, 16], 8, 16).eval()
+    assert not encoder.channels_last_inference
+    images = torch.randint(0, 256, (6, 32, 32, 3), generator=torch.Generator().manual_seed(0))
+    images = images.to(torch.uint8)
+    with torch.no_grad():
+        rollout = encoder(images)
+    assert torch.equal(rollout, encoder(images).detach())
+
+
 def tiny_hf_models(tmp_path) -> list[str]:
     """A tiny random CNN (ResNet) and ViT saved as local ``transformers`` directories."""
     from transformers import ResNetConfig, ResNetModel, ViTConfig, ViTModel

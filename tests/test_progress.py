@@ -1,6 +1,6 @@
 """Progress reward model: shapes, causality, learning, save/load, bad input, augmentation, the image
-encoder's two-thread backward, ``embodied bench reward``. Training it and ``embodied eval reward``
-are in test_progress_training.py."""
+encoder's two-thread backward and channels-last scoring, ``embodied bench reward``. Training it
+and ``embodied eval reward`` are in test_progress_training.py."""
 
 from __future__ import annotations
 
@@ -314,6 +314,23 @@ def test_image_encoder_backward_is_safe_with_two_threads() -> None:
         assert all(torch.isfinite(p.grad).all() for p in encoder.parameters())
     finally:
         torch.set_num_threads(threads)
+
+
+def test_scoring_runs_channels_last_and_agrees_with_the_training_layout() -> None:
+    """Scoring (no gradients) keeps the frames channels-last, where the CPU convolutions are
+    faster; training runs contiguous NCHW (see the regression above). Both give the same
+    progress up to float rounding."""
+    torch.manual_seed(0)
+    model = ProgressRewardModel(tiny_config()).eval()
+    layouts = []
+    model.image_encoder.stem[0].register_forward_pre_hook(
+        lambda _, args: layouts.append(args[0].is_contiguous())
+    )
+    frames = random_frames(3, 5)
+    scored = model.progress(frames, INSTRUCTIONS + INSTRUCTIONS[:1])
+    trained = model(frames, INSTRUCTIONS + INSTRUCTIONS[:1])["progress"]
+    assert layouts == [False, True]  # channels-last when scoring, NCHW with gradients
+    torch.testing.assert_close(scored, trained.detach(), atol=1e-5, rtol=0)
 
 
 def test_bench_reward_reports_batched_scoring_against_one_clip(capsys) -> None:

@@ -53,9 +53,9 @@ class ResidualBlock2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, C_in, H, W] -> [N, C_out, H / stride, W / stride]``."""
-        h = F.relu(self.norm1(self.conv1(x)))
+        h = F.relu(self.norm1(self.conv1(x)), inplace=True)  # in place: no fresh buffer
         h = self.norm2(self.conv2(h))
-        return F.relu(h + self.skip(x))
+        return F.relu(h.add_(self.skip(x)), inplace=True)
 
 
 class SpatialSoftmax(nn.Module):

@@ -34,11 +34,12 @@ from torch import nn
 
 from embodied.core.nn import ResidualBlock2d, SpatialSoftmax, group_norm
 
-CHUNK_PIXELS = 32 * 64 * 64  # pixels an encoder runs at once (see ``KeypointEncoder.encode``)
+CHUNK_PIXELS = 2**19  # pixels an encoder runs at once (see ``KeypointEncoder.encode``)
 
 
 def chunk_size(height: int, width: int) -> int:
-    """Images per encoder call: ``CHUNK_PIXELS`` worth (32 at 64 px, 14 at 96 px), at least one."""
+    """Images per encoder call: ``CHUNK_PIXELS`` worth (128 at 64 px, 56 at 96 px), at least
+    one."""
     return max(1, CHUNK_PIXELS // (height * width))
 
 
@@ -51,6 +52,7 @@ class KeypointEncoder(nn.Module):
 
     def __init__(self, width: int, num_keypoints: int, out_dim: int, film_dim: int = 0) -> None:
         super().__init__()
+        self.channels_last_inference = False  # see ``encode``
         self.pool = SpatialSoftmax(width, num_keypoints)
         self.out = nn.Linear(2 * num_keypoints, out_dim) if out_dim else None
         self.film: nn.Linear | None = None
@@ -68,10 +70,16 @@ class KeypointEncoder(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``uint8 [N, H, W, 3]`` (and ``condition [N, film_dim]`` with FiLM) -> features
         ``[N, out_dim]`` and keypoints ``[N, 2 * num_keypoints]``. Many images go through in
-        chunks of ``chunk_size`` (each image is encoded on its own, so the result is the same):
-        the stem's output for a chunk (~2 MB) then stays in a core's L2 cache. At 128 images per
-        call a 96 px batch of 16 clips ran slower per frame than one clip of 8 frames; a rollout
-        batch of 16 x 100 frames at once ran 3x slower per frame than chunked."""
+        chunks of ``chunk_size`` (each image is encoded on its own, so the result is the same),
+        which bounds the activations' memory (a rollout batch of 16 x 100 frames at once ran 3x
+        slower per frame than chunked).
+
+        The convolutions run on contiguous NCHW: torch 2.13's multi-threaded CPU backward through
+        these GroupNorm convolutions corrupts the heap on a channels-last input. With
+        ``channels_last_inference`` and no gradients, the images keep the channels-last layout
+        they arrive in, where oneDNN's CPU convolutions run ~2x faster; the results then differ
+        from NCHW's in the last bits, so a policy (whose rollout log-probs are recomputed with
+        gradients) leaves it off and a reward model turns it on."""
         n = chunk_size(*images.shape[1:3])
         if len(images) > n:
             parts = [
@@ -79,9 +87,9 @@ class KeypointEncoder(nn.Module):
                 for i in range(0, len(images), n)
             ]
             return torch.cat([f for f, _ in parts]), torch.cat([k for _, k in parts])
-        # Contiguous NCHW: torch 2.13's multi-threaded CPU backward through these GroupNorm
-        # convolutions corrupts the heap on the channels-last view a permute gives.
-        x = (images.permute(0, 3, 1, 2).float() / 255.0).contiguous()
+        x = images.permute(0, 3, 1, 2).float() / 255.0
+        if torch.is_grad_enabled() or not self.channels_last_inference:
+            x = x.contiguous()
         h = self.feature_map(x)
         if self.film is not None:
             if condition is None:
@@ -115,7 +123,9 @@ class ImageEncoder(KeypointEncoder):
         channels = list(channels)
         super().__init__(channels[-1], num_keypoints, out_dim, film_dim)
         self.stem = nn.Sequential(
-            nn.Conv2d(3, channels[0], 3, 2, 1, bias=False), group_norm(channels[0]), nn.ReLU()
+            nn.Conv2d(3, channels[0], 3, 2, 1, bias=False),
+            group_norm(channels[0]),
+            nn.ReLU(inplace=True),
         )
         blocks, width = [], channels[0]
         for i, c in enumerate(channels):
@@ -275,7 +285,9 @@ class PretrainedImageEncoder(KeypointEncoder):
         super().__init__(width, num_keypoints, out_dim, film_dim)
         self.trunk = trunk.eval()  # frozen BatchNorm statistics from the start
         self.adapter = nn.Sequential(
-            nn.Conv2d(trunk.out_channels, width, 1, bias=False), group_norm(width), nn.ReLU()
+            nn.Conv2d(trunk.out_channels, width, 1, bias=False),
+            group_norm(width),
+            nn.ReLU(inplace=True),
         )
         self.cache_trunk = True
         self._cache: dict[bytes, torch.Tensor] = {}
