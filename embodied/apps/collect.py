@@ -20,7 +20,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ class CollectConfig:
     seed: int = seed_setting()
     workers: int = setting(1, low=1)  # processes running (and encoding) whole episodes
     image_size: int = setting(96, low=8, high=4096)
-    cameras: list[str] = field(default_factory=lambda: ["front"])
+    cameras: list[str] | None = None  # None: the task's default camera (front, Meta-World corner2)
     obs_mode: str = "pixels_state"
     cutoff: float = setting(0.0, low=0.0, high=1.0)  # share of episodes cut before success
     rewind: float = setting(0.0, low=0.0, high=1.0)  # share of successes also stored rewound
@@ -163,12 +163,12 @@ def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
     env_kwargs = {
         "obs_mode": cfg.obs_mode,
         "image_size": cfg.image_size,
-        "cameras": cfg.cameras,
         "terminate_on_success": cfg.terminate_on_success,
     }
+    if cfg.cameras is not None:
+        env_kwargs["cameras"] = cfg.cameras
     goals = {k: True for k in ("goal_cycle", "goal_state") if getattr(cfg, k)}
     if cfg.task.startswith("metaworld/"):
-        env_kwargs.pop("cameras")  # Meta-World has its own camera names and default
         if goals:
             names = ", ".join(goals)
             raise ValueError(f"{names}: tabletop options; Meta-World tasks have one goal")
