@@ -168,10 +168,9 @@ def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
     if cfg.cameras is not None:
         env_kwargs["cameras"] = cfg.cameras
     goals = {k: True for k in ("goal_cycle", "goal_state") if getattr(cfg, k)}
-    if cfg.task.startswith("metaworld/"):
-        if goals:
-            names = ", ".join(goals)
-            raise ValueError(f"{names}: tabletop options; Meta-World tasks have one goal")
+    if cfg.task.startswith("metaworld/") and goals:
+        names = ", ".join(goals)
+        raise ValueError(f"{names}: tabletop options; Meta-World tasks have one goal")
     env_kwargs |= goals
     runner: EpisodeRunner | None = None
     finished = False
