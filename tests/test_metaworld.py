@@ -268,3 +268,22 @@ def test_collect_ends_metaworld_episodes_at_the_first_success(tmp_path: Path) ->
         assert success[-1] and not success[:-1].any()
     run_collect(CollectConfig(out=str(tmp_path / "full"), terminate_on_success=False, **common))
     assert LeRobotDataset(tmp_path / "full").episode_lengths().tolist() == [500, 500]
+
+
+def test_collect_records_the_named_metaworld_cameras(tmp_path: Path) -> None:
+    from embodied.apps.collect import CollectConfig, run_collect
+    from embodied.datasets import LeRobotDataset
+
+    common = {"task": "metaworld/reach-v3", "episodes": 1, "image_size": 16}
+    run_collect(
+        CollectConfig(out=str(tmp_path / "named"), cameras=["corner", "gripperPOV"], **common)
+    )
+    features = LeRobotDataset(tmp_path / "named").features
+    assert {"observation.images.corner", "observation.images.gripperPOV"} <= set(features)
+    run_collect(CollectConfig(out=str(tmp_path / "default"), **common))  # Meta-World's corner2
+    features = LeRobotDataset(tmp_path / "default").features
+    assert "observation.image" in features and not any(
+        k.startswith("observation.images.") for k in features
+    )
+    with pytest.raises(ValueError, match="front"):  # a tabletop camera, named in the error
+        run_collect(CollectConfig(out=str(tmp_path / "bad"), cameras=["front"], **common))
