@@ -287,3 +287,52 @@ def test_collect_records_the_named_metaworld_cameras(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="front"):  # a tabletop camera, named in the error
         run_collect(CollectConfig(out=str(tmp_path / "bad"), cameras=["front"], **common))
+
+
+def test_the_mt10_camera_recipe_trains_and_acts_from_the_corner_camera_alone(
+    tmp_path: Path,
+) -> None:
+    """configs/bc_pixels_mt10.yaml on a two-task Meta-World dataset: one policy that reads the
+    corner camera, agent_pos and the instruction, and acts in the env eval builds, which has no state."""
+    import torch
+
+    from embodied.apps.collect import CollectConfig, run_collect
+    from embodied.core.config import load_config
+    from embodied.core.policy import Policy
+    from embodied.evaluation.suite import policy_check
+    from embodied.rollout.matching import env_options
+    from embodied.train.bc import BCConfig, train_bc
+
+    data = tmp_path / "data"
+    for task in ("reach-v3", "drawer-close-v3"):
+        cameras = ["corner", "gripperPOV"]
+        run_collect(CollectConfig(task="metaworld/" + task, episodes=1, out=str(data),
+                                  image_size=24, cameras=cameras))  # fmt: skip
+    recipe = Path(__file__).parents[1] / "configs" / "bc_pixels_mt10.yaml"
+    overrides = [f"dataset={data}", f"out={tmp_path}", "steps=2", "batch_size=4", "save_every=2"]
+    cfg = load_config(BCConfig, recipe, overrides)
+    policy_dir = train_bc(cfg).path / "policy"
+    policy = Policy.from_pretrained(policy_dir)
+    spec = policy.observation_spec
+    assert dict(spec.cameras) == {"observation.images.corner": (24, 24)} and not spec.privileged
+    assert env_options(spec) == {
+        "obs_mode": "pixels",
+        "image_size": (24, 24),
+        "cameras": ["corner"],
+    }
+    assert len(policy.config.vocab) > 2  # both instructions' words, for the FiLM
+    env = sims.make("metaworld/drawer-close-v3", **env_options(spec))  # what eval builds
+    try:
+        policy_check(policy, "metaworld/drawer-close-v3")(env)  # eval's check before rollouts
+        obs, _ = env.reset(seed=100_000)
+        assert set(obs) == {"pixels", "agent_pos"}  # no environment_state to leak
+        frame = torch.from_numpy(obs["pixels"])[None, None]
+        state = torch.from_numpy(obs["agent_pos"])[None, None]
+        out = policy.act(
+            {"observation.images.corner": frame, "observation.state": state},
+            [env.unwrapped.instruction],
+            deterministic=True,
+        )
+        assert out.actions.shape[-1] == 4 and torch.isfinite(out.actions).all()
+    finally:
+        env.close()
