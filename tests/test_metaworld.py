@@ -293,7 +293,7 @@ def test_the_mt10_camera_recipe_trains_and_acts_from_the_corner_camera_alone(
     tmp_path: Path,
 ) -> None:
     """configs/bc_pixels_mt10.yaml on a two-task Meta-World dataset: one policy that reads the
-    corner camera, agent_pos and the instruction, and acts in the env eval builds, which has no state."""
+    corner camera, agent_pos and the instruction, and acts in the stateless env eval builds."""
     import torch
 
     from embodied.apps.collect import CollectConfig, run_collect
