@@ -26,10 +26,13 @@ from embodied.train.grpo import (
     train_grpo,
 )
 from embodied.train.onpolicy import (
+    TaskGroups,
     check_ratio,
     collect_decisions,
     element_log_probs,
+    env_kwargs,
     rollout_groups,
+    task_names,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -322,6 +325,71 @@ def test_grpo_trains_with_every_reward_model(saved, judge_dir, tmp_path: Path, r
     else:
         assert row["score/return_std"] > 0
         assert any(not torch.equal(start[k], final[k]) for k in start)
+
+
+def test_groups_take_the_tasks_in_turn_and_one_task_rolls_out_as_before() -> None:
+    """Group g runs on tasks[g % n] from seeds[g]; on one task the trajectories are the ones its
+    backend gives for the same seeds and sampling seed."""
+    torch.manual_seed(0)
+    policy = _policies()["mlp"].fit_normalizers(STATS).eval()
+    options = {"obs_mode": "state", "max_episode_steps": 6}
+    cfg = GRPOConfig(group_size=2)
+    both = TaskGroups(cfg, {"Reach": options, "Push": options}, policy, groups=3)
+    try:
+        trajs = both.run([5, 6, 7], group_size=2, sample_seed=3)
+    finally:
+        both.close()
+    assert [t.task for t in trajs] == ["Reach", "Reach", "Push", "Push", "Reach", "Reach"]
+    assert [t.seed for t in trajs] == [5, 5, 6, 6, 7, 7]
+    one = TaskGroups(cfg, {"Reach": options}, policy, groups=2)
+    backend = LocalRollouts("Reach", options, policy, 4)
+    try:
+        grouped = one.run([5, 7], group_size=2, sample_seed=3)
+        alone = rollout_groups(backend, [5, 7], group_size=2, sample_seed=3)
+    finally:
+        one.close()
+        backend.close()
+    for a, b in zip(grouped, alone, strict=True):
+        np.testing.assert_array_equal(a.actions, b.actions)
+
+
+def test_task_names_expand_a_preset_and_refuse_a_repeat() -> None:
+    assert task_names(GRPOConfig(task="Push")) == ["Push"]
+    mt10 = task_names(GRPOConfig(tasks=["MT10"]))
+    assert len(mt10) == 10 and mt10[0] == "metaworld/reach-v3"
+    assert task_names(GRPOConfig(task="mt10")) == mt10
+    with pytest.raises(ValueError, match="name a task more than once"):
+        task_names(GRPOConfig(tasks=["MT10", "metaworld/push-v3"]))
+
+
+def test_rollouts_end_at_the_first_success_as_in_evaluation(saved) -> None:
+    """Meta-World runs every episode to 500 steps unless told to end at success; GRPO's and TPO's
+    rollouts end there as evaluation's do (and ``env`` can still say otherwise)."""
+    from embodied.policies import Policy
+    from embodied.rewards.models import make_reward_model
+
+    policy = Policy.from_pretrained(saved["policy"])
+    model = make_reward_model("success", "", 8, torch.device("cpu"))
+    assert env_kwargs("metaworld/reach-v3", policy, model)["terminate_on_success"] is True
+    kept = env_kwargs("metaworld/reach-v3", policy, model, {"terminate_on_success": False})
+    assert kept["terminate_on_success"] is False
+
+
+def test_grpo_trains_one_policy_on_several_tasks(saved, tmp_path: Path) -> None:
+    """tasks=[Reach, Push]: rollouts and held-out success per task and their mean are logged, and
+    the one policy is updated."""
+    cfg = _cfg(saved, tmp_path, tasks=["Reach", "Push"], iterations=1,
+               policy=str(saved["explorer"]))  # fmt: skip
+    run = train_grpo(cfg)
+    rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    first, last = rows[0], rows[-1]
+    for row in (first, last):
+        rates = [row["eval/Reach/success_rate"], row["eval/Push/success_rate"]]
+        assert row["eval/success_rate"] == pytest.approx(np.mean(rates))
+    assert "rollout/Reach/success_rate" in last and "rollout/Push/success_rate" in last
+    assert last["rollout/episodes"] == 2 * 3
+    start, final = _weights(saved["explorer"]), _weights(run.path / "policy")
+    assert any(not torch.equal(start[k], final[k]) for k in start)
 
 
 def test_grpo_refuses_bad_settings(saved, tmp_path: Path) -> None:

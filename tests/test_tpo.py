@@ -86,6 +86,8 @@ def test_tpo_trains_and_logs(tmp_path: Path, length_normalize: bool) -> None:
         train_tpo(TPOConfig(policy=str(tmp_path / "policy"), objective="speed"))
     with pytest.raises(ValueError, match="sft_weight"):
         train_tpo(TPOConfig(policy=str(tmp_path / "policy"), sft_weight=-1.0))
+    with pytest.raises(ValueError, match=r"TPO trains on one task; tasks names 2: \['Reach'"):
+        train_tpo(TPOConfig(policy=str(tmp_path / "policy"), tasks=["Reach", "Push"]))
 
 
 @pytest.mark.parametrize("length_normalize", [False, True])

@@ -6,7 +6,8 @@ One implementation for every ``Policy``: a decision's log-probability is a vecto
 bottom:
 
 1. Roll out ``group_size`` episodes from each of ``groups`` initial states (same seed = same
-   state), sampling stochastically; every decision records its outputs and log-probs.
+   state), sampling stochastically; every decision records its outputs and log-probs. With
+   several ``tasks`` (a multi-task policy, e.g. ``MT10``) the groups take the tasks in turn.
 2. Score: the trajectory return combines success and progress from any reward model (learned,
    VLM judge, privileged labels, or none), the potential-based reward summed (it telescopes;
    ``embodied.rewards.returns``)::
@@ -54,10 +55,10 @@ from embodied.core.reward import ProgressScore
 from embodied.core.run import RunDir
 from embodied.rewards.models import PrivilegedProgress, make_reward_model
 from embodied.rewards.returns import TrajectoryScore
-from embodied.rollout.backends import make_rollouts
 from embodied.train.loop import Trainer, begin
 from embodied.train.onpolicy import (
     OnPolicyConfig,
+    TaskGroups,
     check_ratio,
     check_task,
     collect_decisions,
@@ -67,7 +68,7 @@ from embodied.train.onpolicy import (
     finish_iteration,
     load_policy,
     mean_stats,
-    rollout_groups,
+    task_names,
     trajectory_totals,
 )
 
@@ -235,17 +236,17 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     returns_of = TrajectoryScore({"success": cfg.success_weight, "progress": cfg.progress_weight})
     # The monitor compares a model's progress with the simulator's, where the env records it.
     monitored = cfg.reward in ("learned", "judge")
-    kwargs = env_kwargs(cfg.task, policy, reward_model, cfg.env)
-    check_task(policy, cfg.task, kwargs)
-    num_envs = cfg.num_envs or cfg.groups * cfg.group_size
+    envs = {task: env_kwargs(task, policy, reward_model, cfg.env) for task in task_names(cfg)}
+    for task, kwargs in envs.items():
+        check_task(policy, task, kwargs)
     first_corr: float | None = None
     # The schedule advances once per iteration (warm-up and cosine over iterations).
     with Trainer(cfg, policy, cfg.iterations) as trainer:
         # After the checkpoint: Ray workers copy the weights they are built with.
-        rollouts = make_rollouts(cfg.distributed, cfg.task, kwargs, policy, num_envs)
+        rollouts = TaskGroups(cfg, envs, policy, cfg.groups)
         try:
             if trainer.start == 0 and cfg.eval_episodes > 0:
-                trainer.metrics.log(evaluate_online(cfg, policy, kwargs), 0)
+                trainer.metrics.log(evaluate_online(cfg, policy, envs), 0)
             for iteration in trainer.steps("grpo"):
                 log: dict[str, float] = {}
                 t0 = time.perf_counter()
@@ -253,6 +254,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 kept: list[Any] = []
                 kept_returns: list[np.ndarray] = []
                 all_trajs: list[Any] = []
+                all_tasks: list[str] = []  # the task of each of all_trajs
                 all_scores: list[ProgressScore] = []  # the model's progress, for the monitor
                 score_time = 0.0
                 dropped = 0
@@ -265,8 +267,10 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     )
                     seeds = list(range(base, base + need))
                     sample_seed = cfg.seed * 1_000_003 + iteration * 101 + round_
-                    trajs = rollout_groups(rollouts, seeds, cfg.group_size, sample_seed)
+                    trajs = rollouts.run(seeds, cfg.group_size, sample_seed)
                     all_trajs += trajs
+                    all_tasks += [rollouts.task_of(g) for g in range(need)
+                                  for _ in range(cfg.group_size)]  # fmt: skip
                     t1 = time.perf_counter()
                     scores = reward_model.score(trajs)
                     all_scores += scores
@@ -293,6 +297,11 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                         "time/score": score_time,
                     }
                 )
+                if len(envs) > 1:  # per task: where the policy still fails
+                    task_of = np.array(all_tasks)
+                    for task in sorted(set(all_tasks)):
+                        rate = successes[task_of == task].mean()
+                        log[f"rollout/{task}/success_rate"] = float(rate)
                 errors = sum("error" in t.metadata for t in all_trajs)
                 if errors:
                     log["rollout/env_errors"] = float(errors)
@@ -321,7 +330,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     with warnings.catch_warnings():  # torch warns of a step without an update
                         warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
                         trainer.scheduler.step()
-                    finish_iteration(trainer, kwargs, iteration + 1, log)
+                    finish_iteration(trainer, envs, iteration + 1, log)
                     continue
                 # 4. group-normalised advantages, broadcast to every decision and element
                 returns = np.concatenate(kept_returns)
@@ -375,7 +384,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 log["time/update"] = time.perf_counter() - t2
                 log["update/lr"] = trainer.scheduler.get_last_lr()[0]
                 rollouts.set_weights(policy)
-                finish_iteration(trainer, kwargs, iteration + 1, log)
+                finish_iteration(trainer, envs, iteration + 1, log)
         finally:
             rollouts.close()
     policy.save_pretrained(trainer.run.path / "policy")

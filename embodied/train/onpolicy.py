@@ -1,11 +1,14 @@
 """What the on-policy trainers (GRPO, TPO) share: their common settings, the starting policy
-with RL overrides, env options, grouped rollouts that record every decision, the decisions
-flattened for minibatches, their log-probs recomputed with gradients, the drift check before the
-first update, and what ends an iteration (evaluation, the metrics line, a checkpoint)."""
+with RL overrides, env options, grouped rollouts (over one task or several) that record every
+decision, the decisions flattened for minibatches, their log-probs recomputed with gradients, the
+drift check before the first update, and what ends an iteration (evaluation, the metrics line, a
+checkpoint)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,10 +22,11 @@ from embodied.core.reward import RewardModel
 from embodied.evaluation.suite import evaluate_policy
 from embodied.policies import Policy
 from embodied.rewards.models import REWARD_TYPES
-from embodied.rollout.backends import DistributedConfig
+from embodied.rollout.backends import DistributedConfig, make_rollouts
 from embodied.rollout.episodes import decision_windows
 from embodied.rollout.matching import check_policy_env, env_options
 from embodied.sims import grouped_seeds
+from embodied.sims.metaworld import preset_tasks
 from embodied.train.optim import OptimConfig
 
 
@@ -36,7 +40,8 @@ class OnPolicyConfig:
     """The settings GRPO and TPO share; every field can be overridden as ``key=value``."""
 
     policy: str = "???"  # a saved policy directory (e.g. a BC run's policy/)
-    task: str = "PickPlace"
+    task: str = "PickPlace"  # a tabletop task, metaworld/<name>, or a preset (MT10: its ten tasks)
+    tasks: list[str] = field(default_factory=list)  # several tasks, one policy; empty: task alone
     name: str = "onpolicy"
     out: str = "runs"
     policy_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. min_std, temperature
@@ -69,6 +74,18 @@ class OnPolicyConfig:
             raise ValueError(f"reward={self.reward} needs reward_model=<its directory>")
 
 
+def task_names(cfg: OnPolicyConfig) -> list[str]:
+    """The env tasks a run trains on: ``tasks`` (or ``task`` alone), a Meta-World preset such as
+    ``MT10`` expanded to ``metaworld/<name>`` for each of its tasks."""
+    names: list[str] = []
+    for name in cfg.tasks or [cfg.task]:
+        preset = preset_tasks(name)
+        names += [f"metaworld/{t}" for t in preset] if preset is not None else [name]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tasks {names} name a task more than once")
+    return names
+
+
 def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> Any:
     """The starting policy with ``policy_overrides`` applied to its config (weights unchanged)."""
     policy = Policy.from_pretrained(path)
@@ -92,8 +109,10 @@ def env_kwargs(
     """Env options giving the policy its inputs (plus ``extra``, the config's ``env``) and a
     frame-reading reward model its camera (the first one: ``front`` on the tabletop) at its
     size. A state policy's tabletop rollouts record render states and render only the frames
-    the reward model reads (``embodied.sims.replay``); other envs render every step."""
-    kwargs = env_options(policy.observation_spec) | dict(extra or {})
+    the reward model reads (``embodied.sims.replay``); other envs render every step. Episodes
+    end at the first success, as in evaluation (Meta-World would run on to 500 steps)."""
+    kwargs = env_options(policy.observation_spec) | {"terminate_on_success": True}
+    kwargs |= dict(extra or {})
     size = reward_model.image_size
     if size is not None:
         if kwargs["obs_mode"] == "state" and sims.supports_render_state(task):
@@ -125,6 +144,61 @@ def rollout_groups(rollouts: Any, seeds: list[int], group_size: int, sample_seed
     """``group_size`` stochastic rollouts from each seed, group by group, decisions recorded, on
     a ``embodied.rollout.backends`` backend (local or Ray: the same trajectories either way)."""
     return rollouts.run(grouped_seeds(seeds, group_size), sample_seed, deterministic=False)
+
+
+class TaskGroups:
+    """Grouped stochastic rollouts of one policy over one task or several: group ``g`` of a call
+    runs on ``tasks[g % len(tasks)]``, each task on its own backend (``rollout_groups``) with
+    sub-envs for its share of ``groups``."""
+
+    def __init__(
+        self,
+        cfg: OnPolicyConfig,
+        envs: dict[str, dict[str, Any]],
+        policy: Any,
+        groups: int,
+    ) -> None:
+        self.tasks = list(envs)
+        share = math.ceil(groups / len(self.tasks)) * cfg.group_size
+        self.backends: dict[str, Any] = {}
+        try:
+            for task, kwargs in envs.items():
+                self.backends[task] = make_rollouts(
+                    cfg.distributed, task, kwargs, policy, cfg.num_envs or share
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def task_of(self, group: int) -> str:
+        """The task group ``group`` of a call runs on."""
+        return self.tasks[group % len(self.tasks)]
+
+    def run(self, seeds: Sequence[int], group_size: int, sample_seed: int) -> list[Any]:
+        """``group_size`` rollouts from each seed (group ``g`` from ``seeds[g]``), group by group;
+        each task's episodes sample with their own noise (``sample_seed`` on the first task)."""
+        out: list[Any] = [None] * len(seeds)
+        for k, task in enumerate(self.tasks):
+            mine = [g for g in range(len(seeds)) if self.task_of(g) == task]
+            if not mine:
+                continue
+            mine_seeds = [seeds[g] for g in mine]
+            trajs = rollout_groups(
+                self.backends[task], mine_seeds, group_size, sample_seed + 7_919 * k
+            )
+            for i, g in enumerate(mine):
+                out[g] = trajs[i * group_size : (i + 1) * group_size]
+        return [t for group in out for t in group]
+
+    def set_weights(self, policy: Any) -> None:
+        """Act with ``policy``'s weights on every task."""
+        for backend in self.backends.values():
+            backend.set_weights(policy)
+
+    def close(self) -> None:
+        """Close every task's envs (or Ray workers)."""
+        for backend in self.backends.values():
+            backend.close()
 
 
 @dataclass
@@ -223,25 +297,36 @@ def mean_stats(stats: list[dict[str, float]], prefix: str = "update/") -> dict[s
     return {f"{prefix}{key}": float(np.mean([s[key] for s in stats])) for key in stats[0]}
 
 
-def evaluate_online(cfg: OnPolicyConfig, policy: Policy, env: dict[str, Any]) -> dict[str, float]:
-    """Success on ``eval_episodes`` held-out seeds (one batched vector env): deterministic
-    (``eval/``) and, with ``cfg.eval_sampled``, sampling as the rollouts do (``eval_sampled/``:
-    what RL optimises)."""
+def evaluate_online(
+    cfg: OnPolicyConfig, policy: Policy, envs: dict[str, dict[str, Any]]
+) -> dict[str, float]:
+    """Success on ``eval_episodes`` held-out seeds of every task in ``envs`` (task -> env
+    options; one batched vector env each): deterministic (``eval/<task>/``) and, with
+    ``cfg.eval_sampled``, sampling as the rollouts do (``eval_sampled/``: what RL optimises).
+    Over several tasks, their mean success too (``eval/success_rate``)."""
     out: dict[str, float] = {}
     for deterministic in [True, False] if cfg.eval_sampled else [True]:
-        result = evaluate_policy(
-            policy, cfg.task, cfg.eval_episodes, cfg.eval_seed, env, cfg.eval_envs,
-            asynchronous=False, deterministic=deterministic,
-        )  # fmt: skip
-        out |= result.metrics("eval" if deterministic else "eval_sampled")
+        prefix = "eval" if deterministic else "eval_sampled"
+        rates = []
+        for task, env in envs.items():
+            result = evaluate_policy(
+                policy, task, cfg.eval_episodes, cfg.eval_seed, env, cfg.eval_envs,
+                asynchronous=False, deterministic=deterministic,
+            )  # fmt: skip
+            out |= result.metrics(prefix)
+            rates.append(result.success_rate)
+        if len(envs) > 1:
+            out[f"{prefix}/success_rate"] = float(np.mean(rates))
     return out
 
 
-def finish_iteration(trainer: Any, env: dict[str, Any], done: int, log: dict[str, float]) -> None:
-    """Evaluate and checkpoint when due; log iteration ``done``."""
+def finish_iteration(
+    trainer: Any, envs: dict[str, dict[str, Any]], done: int, log: dict[str, float]
+) -> None:
+    """Evaluate (on every task in ``envs``) and checkpoint when due; log iteration ``done``."""
     cfg = trainer.cfg
     if cfg.eval_episodes > 0 and trainer.due(done, cfg.eval_every):
-        log.update(evaluate_online(cfg, trainer.model, env))
+        log.update(evaluate_online(cfg, trainer.model, envs))
     trainer.metrics.log(log, done)
     if trainer.due(done, cfg.save_every):
         trainer.save(done)

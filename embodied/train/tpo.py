@@ -118,19 +118,23 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
     policy = onpolicy.load_policy(cfg.policy, cfg.policy_overrides, device).eval()
     initial = copy.deepcopy(policy).requires_grad_(False) if cfg.reference == "initial" else None
     reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
-    kwargs = onpolicy.env_kwargs(cfg.task, policy, reward_model, cfg.env)
-    onpolicy.check_task(policy, cfg.task, kwargs)
+    tasks = onpolicy.task_names(cfg)
+    if len(tasks) > 1:
+        raise ValueError(f"TPO trains on one task; tasks names {len(tasks)}: {tasks}")
+    task = tasks[0]
+    kwargs = onpolicy.env_kwargs(task, policy, reward_model, cfg.env)
+    onpolicy.check_task(policy, task, kwargs)
     num_envs = cfg.num_envs or cfg.groups * cfg.group_size
-    probe = sims.make(cfg.task, obs_mode="state")
+    probe = sims.make(task, obs_mode="state")
     limit = probe.spec.max_episode_steps if probe.spec is not None else None
     probe.close()
     score = TrajectoryScore.objective(cfg.objective, cfg.score_weights, limit)
     with Trainer(cfg, policy, cfg.rounds) as trainer:
         # After the checkpoint: Ray workers copy the weights they are built with.
-        rollouts = make_rollouts(cfg.distributed, cfg.task, kwargs, policy, num_envs)
+        rollouts = make_rollouts(cfg.distributed, task, kwargs, policy, num_envs)
         try:
             if trainer.start == 0 and cfg.eval_episodes > 0:
-                trainer.metrics.log(onpolicy.evaluate_online(cfg, policy, kwargs), 0)
+                trainer.metrics.log(onpolicy.evaluate_online(cfg, policy, {task: kwargs}), 0)
             for round_ in trainer.steps("tpo"):
                 t0 = time.perf_counter()
                 base = cfg.train_seed + round_ * cfg.groups
@@ -198,7 +202,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                 trainer.scheduler.step()
                 rollouts.set_weights(policy)
                 log["time/update"] = time.perf_counter() - t1
-                onpolicy.finish_iteration(trainer, kwargs, round_ + 1, log)
+                onpolicy.finish_iteration(trainer, {task: kwargs}, round_ + 1, log)
         finally:
             rollouts.close()
     policy.save_pretrained(trainer.run.path / "policy")
