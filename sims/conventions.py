@@ -78,18 +78,39 @@ def check_options(obs_mode: str, render_mode: str | None) -> None:
         raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
 
 
+def named_pixels(cameras: tuple[str, ...], default: str) -> bool:
+    """Whether ``pixels`` is a dict per camera: always but for the env's default camera alone,
+    whose one image is LeRobot's ``observation.image``. Any other camera keeps its name
+    (``observation.images.<name>``), so a dataset says which camera it saw and a policy trained
+    on it is given that camera, not the default."""
+    return cameras != (default,)
+
+
+def pixels_observation(images: dict[str, np.ndarray], default: str) -> Any:
+    """``pixels`` from the rendered ``images`` (camera -> image, in the env's camera order)."""
+    return images if named_pixels(tuple(images), default) else images[default]
+
+
 def observation_space(
-    obs_mode: str, cameras: tuple[str, ...], height: int, width: int, state_dim: int
+    obs_mode: str,
+    cameras: tuple[str, ...],
+    height: int,
+    width: int,
+    state_dim: int,
+    default_camera: str,
 ) -> spaces.Dict:
-    """``pixels`` (one image, or a dict per camera), ``agent_pos`` (ee xyz + gripper) and, for
-    the state modes, the privileged ``environment_state``."""
+    """``pixels`` (the default camera's image, or a dict per camera: ``named_pixels``),
+    ``agent_pos`` (ee xyz + gripper) and, for the state modes, the privileged
+    ``environment_state``."""
     obs_spaces: dict[str, spaces.Space] = {
         "agent_pos": spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
     }
     if obs_mode in ("pixels", "pixels_state"):
         image = spaces.Box(0, 255, shape=(height, width, 3), dtype=np.uint8)
         obs_spaces["pixels"] = (
-            image if len(cameras) == 1 else spaces.Dict({c: image for c in cameras})
+            spaces.Dict({c: image for c in cameras})
+            if named_pixels(cameras, default_camera)
+            else image
         )
     if obs_mode in ("state", "pixels_state"):
         obs_spaces["environment_state"] = spaces.Box(-np.inf, np.inf, (state_dim,), np.float32)

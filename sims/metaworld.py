@@ -10,9 +10,10 @@ adds what the toolkit needs on top:
   same initial state, seeds 0-49 are exactly the MT1 goal set of benchmark seed 0, and larger seeds
   keep giving new goals. An unseeded reset picks one of those 50 goals from the env's generator,
   like Meta-World's own random task selection.
-- Observations follow LeRobot's gym-env convention: ``pixels`` (one image, or a dict per camera),
-  ``agent_pos`` (hand xyz, gripper opening in [0, 1]) and, for ``obs_mode="state"`` or
-  ``"pixels_state"``, ``environment_state`` (Meta-World's raw 39-d observation).
+- Observations follow LeRobot's gym-env convention: ``pixels`` (the ``corner2`` camera's image,
+  or a dict per named camera), ``agent_pos`` (hand xyz, gripper opening in [0, 1]) and, for
+  ``obs_mode="state"`` or ``"pixels_state"``, ``environment_state`` (Meta-World's raw 39-d
+  observation).
 - Images come from our fast offscreen renderer (no shadows, no multisampling, lazy GL context),
   which for Meta-World also drops mirror reflections and renders coarser meshes where the camera
   cannot resolve the difference (``speed_up_rendering``; ``fast_render=False`` keeps Meta-World's
@@ -41,6 +42,7 @@ from embodied.sims.meshes import pixel_footprint, simplify_meshes
 from embodied.sims.metaworld_stages import MT10, StageInputs, stage_rule
 from embodied.sims.render import CameraRenderer, set_render_quality
 
+DEFAULT_CAMERA = "corner2"  # Meta-World's own: its single image is ``observation.image``
 GOALS_PER_BENCHMARK = 50  # MT1 samples this many goals per benchmark seed
 PRESETS: dict[str, tuple[str, ...]] = {"MT10": MT10}  # benchmark task lists, by upper-case name
 # Fast rendering (``speed_up_rendering``): mesh detail in pixels at the nearest the robot comes to
@@ -191,7 +193,7 @@ class MetaWorldEnv(gym.Env):
         self,
         task: str = "reach-v3",
         obs_mode: str = "pixels",
-        cameras: Sequence[str] = ("corner2",),
+        cameras: Sequence[str] = (DEFAULT_CAMERA,),
         image_size: int | Sequence[int] = 96,
         render_mode: str | None = "rgb_array",
         fast_render: bool = True,
@@ -238,7 +240,7 @@ class MetaWorldEnv(gym.Env):
         self.action_space = conventions.action_space()
         state_dim = self._env.observation_space.shape[0]
         self.observation_space = conventions.observation_space(
-            obs_mode, cameras, height, width, state_dim
+            obs_mode, cameras, height, width, state_dim, DEFAULT_CAMERA
         )
         self._blow_up = conventions.BlowUpDetector(self.model, self.data, self.frame_skip)
         self._guard = conventions.EpisodeGuard()
@@ -360,7 +362,7 @@ class MetaWorldEnv(gym.Env):
         if self.obs_mode != "state":
             images = {c: self._render(c) for c in self.cameras}
             self._frame = images[self.cameras[0]]
-            obs["pixels"] = images[self.cameras[0]] if len(self.cameras) == 1 else images
+            obs["pixels"] = conventions.pixels_observation(images, DEFAULT_CAMERA)
         if self.obs_mode != "pixels":
             obs["environment_state"] = raw.astype(np.float32)
         return obs

@@ -5,13 +5,13 @@ Actions follow Meta-World's 4-D convention in [-1, 1]: a Cartesian end-effector 
 the *measured* position plus the delta, so a zero action holds the arm still and there is no hidden
 controller state: the observation is the whole robot state.
 
-Observations follow LeRobot's gym-env convention: ``pixels`` (one image, or a dict per camera) and
-``agent_pos`` (grip-site xyz, gripper gap); ``obs_mode="state"`` replaces pixels by the privileged
-``environment_state`` and ``"pixels_state"`` gives all three. ``goal_state=True`` appends what the
-instruction names, as Meta-World's observations do: the position of the object to act on (the
-task's first target body) and of the point the task is about (``goal_pos``: the plate, the spot
-on the base block, the cap), values ``goal.object_x .. goal.target_z``. It serves state policies
-that read no language (LeRobot's diffusion policy).
+Observations follow LeRobot's gym-env convention: ``pixels`` (the ``front`` camera's image, or a
+dict per named camera) and ``agent_pos`` (grip-site xyz, gripper gap); ``obs_mode="state"`` replaces
+pixels by the privileged ``environment_state`` and ``"pixels_state"`` gives all three.
+``goal_state=True`` appends what the instruction names, as Meta-World's observations do: the
+position of the object to act on (the task's first target body) and of the point the task is about
+(``goal_pos``: the plate, the spot on the base block, the cap), values ``goal.object_x ..
+goal.target_z``. It serves state policies that read no language (LeRobot's diffusion policy).
 
 ``render_state=True`` adds ``info["render_state"]`` at the reset and every step: the kinematic
 state (joint positions, mocap poses) that the step's camera images show, so ``render_state_image``
@@ -38,6 +38,7 @@ from embodied.sims.conventions import (
     checked_cameras,
     image_shape,
     observation_space,
+    pixels_observation,
 )
 from embodied.sims.registry import get_task
 from embodied.sims.render import CameraRenderer, set_render_quality
@@ -45,6 +46,7 @@ from embodied.sims.scene import ASSET, BLOCKS, BUTTONS, FINGER_MAX, PLATES, Scen
 from embodied.sims.tasks.base import Evaluation, Task
 
 CAMERAS = ("front", "wrist")
+DEFAULT_CAMERA = "front"  # its single image is ``observation.image``; other cameras keep names
 DEFAULT_IMAGE_SIZE = 96  # camera pixels per side unless image_size says otherwise
 # goal_state's values: the object to act on, then the point the task is about.
 GOAL_NAMES = [f"{GOAL_PREFIX}{what}_{q}" for what in ("object", "target") for q in "xyz"]
@@ -65,7 +67,7 @@ class TabletopEnv(gym.Env):
         self,
         task: str | Task = "PickPlace",
         obs_mode: str = "pixels",
-        cameras: Sequence[str] = ("front",),
+        cameras: Sequence[str] = (DEFAULT_CAMERA,),
         image_size: int | Sequence[int] = DEFAULT_IMAGE_SIZE,
         render_mode: str | None = "rgb_array",
         fast_render: bool = True,
@@ -110,7 +112,9 @@ class TabletopEnv(gym.Env):
 
         self.action_space = action_space()
         state_dim = len(self.scene.environment_state()) + len(GOAL_NAMES) * goal_state
-        self.observation_space = observation_space(obs_mode, cameras, height, width, state_dim)
+        self.observation_space = observation_space(
+            obs_mode, cameras, height, width, state_dim, DEFAULT_CAMERA
+        )
 
         self.goal: dict[str, str] = {}
         self.instruction = ""
@@ -259,7 +263,7 @@ class TabletopEnv(gym.Env):
         obs: dict[str, Any] = {"agent_pos": agent_pos}
         if self.obs_mode != "state":
             images = {c: self._renderer.render(self.data, c) for c in self.cameras}
-            obs["pixels"] = images[self.cameras[0]] if len(self.cameras) == 1 else images
+            obs["pixels"] = pixels_observation(images, DEFAULT_CAMERA)
         if self.obs_mode != "pixels":
             state = scene.environment_state()
             if self.goal_state:

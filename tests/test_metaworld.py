@@ -280,6 +280,11 @@ def test_collect_records_the_named_metaworld_cameras(tmp_path: Path) -> None:
     )
     features = LeRobotDataset(tmp_path / "named").features
     assert {"observation.images.corner", "observation.images.gripperPOV"} <= set(features)
+    # One camera other than the default keeps its name: a policy trained on it is given that
+    # camera (env_options), not corner2.
+    run_collect(CollectConfig(out=str(tmp_path / "one"), cameras=["corner"], **common))
+    features = LeRobotDataset(tmp_path / "one").features
+    assert "observation.images.corner" in features and "observation.image" not in features
     run_collect(CollectConfig(out=str(tmp_path / "default"), **common))  # Meta-World's corner2
     features = LeRobotDataset(tmp_path / "default").features
     assert "observation.image" in features and not any(

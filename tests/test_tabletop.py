@@ -228,6 +228,32 @@ def test_two_cameras_give_a_dict_of_images():
         env.close()
 
 
+def test_one_camera_other_than_front_keeps_its_name():
+    """``front`` alone is ``observation.image``; ``wrist`` alone stays ``observation.images.wrist``,
+    so a policy trained on it is given the wrist camera, not the default one."""
+    from embodied.core.features import ActionSpec, ObservationSpec, env_observation_features
+    from embodied.rollout.matching import check_policy_env, env_options, env_spec
+
+    for cameras, key in (("front", "observation.image"), ("wrist", "observation.images.wrist")):
+        env = sims.make("Reach", cameras=[cameras], image_size=24)
+        try:
+            obs, _ = env.reset(seed=0)
+            assert env.observation_space.contains(obs)
+            assert set(env_observation_features(obs)) == {key, "observation.state"}
+            spec = env_spec(env)[0]
+            assert list(spec.cameras) == [key]
+        finally:
+            env.close()
+    spec = ObservationSpec(cameras={"observation.images.wrist": (24, 24)}, state_dim=4)
+    options = env_options(spec)
+    assert options["cameras"] == ["wrist"]
+    env = sims.make("Reach", **options)
+    try:
+        check_policy_env(spec, ActionSpec(dim=4), env, "Reach")
+    finally:
+        env.close()
+
+
 def test_state_mode_has_no_pixels(state_env):
     obs, _ = state_env.reset(seed=0)
     assert "pixels" not in obs and "pixels" not in state_env.observation_space.spaces

@@ -63,8 +63,8 @@ def feature_value_names(spec: dict[str, Any]) -> list[str]:
 
 def one_camera_alias(keys: Sequence[str], available: Collection[str]) -> dict[str, str]:
     """``{read key: available key}`` for the one case where names differ: a model reading one
-    named camera (``observation.images.front``) of an env built with only that camera, which
-    names its single image ``observation.image``."""
+    named camera (``observation.images.front``) of an env built with only its default camera,
+    whose single image is ``observation.image``."""
     cameras = [k for k in keys if k.startswith(CAMERA_PREFIX)]
     if len(cameras) == 1 and cameras[0] not in available and IMAGE_KEY in available:
         return {cameras[0]: IMAGE_KEY}
