@@ -434,6 +434,13 @@ def test_shipped_config_loads_with_the_command_line_overrides() -> None:
     assert (cfg.policy, cfg.reward, cfg.task, cfg.group_size) == ("p", "success", "PickPlace", 4)
     assert (cfg.loss_agg, cfg.iterations, cfg.optim.schedule) == ("traj-mean", 48, "constant")
     assert cfg.policy_overrides == {"min_std": 0.05, "finetune_steps": 10}
+    mt10 = load_config(
+        GRPOConfig, str(config.with_name("grpo_mt10.yaml")), ["policy=p", "reward_model=r"]
+    )
+    assert task_names(mt10) == [f"metaworld/{t}-v3" for t in
+                                ("reach", "push", "pick-place", "peg-insert-side")]  # fmt: skip
+    assert (mt10.env, mt10.groups, mt10.policy_overrides["init_noise"]) == (
+        {"max_episode_steps": 128}, 16, 0.0)  # fmt: skip
     vla = load_config(GRPOConfig, str(config.with_name("grpo_vla.yaml")), ["policy=p"])
     assert (vla.task, vla.loss_agg) == ("Reach", "traj-mean")
     assert vla.policy_overrides == {"temperature": 0.7}
