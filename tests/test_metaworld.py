@@ -331,7 +331,7 @@ def test_the_mt10_camera_recipe_trains_and_acts_from_the_corner_camera_alone(
         policy_check(policy, "metaworld/drawer-close-v3")(env)  # eval's check before rollouts
         obs, _ = env.reset(seed=100_000)
         assert set(obs) == {"pixels", "agent_pos"}  # no environment_state to leak
-        frame = torch.from_numpy(obs["pixels"])[None, None]
+        frame = torch.from_numpy(obs["pixels"]["corner"])[None, None]  # named, not the default
         state = torch.from_numpy(obs["agent_pos"])[None, None]
         out = policy.act(
             {"observation.images.corner": frame, "observation.state": state},
