@@ -330,3 +330,36 @@ def test_a_ctrl_c_after_the_command_finished_is_ignored() -> None:
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "Reach" in done.stdout and "Traceback" not in done.stderr, done.stderr
+
+
+CTRL_C_IN_A_FINALISER = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's, not a background job's
+import embodied.apps.cli as cli
+
+class ProgressBar:
+    def __del__(self):  # Ctrl-C lands while the bar is being collected
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):
+            pass
+
+def tasks(args):
+    ProgressBar()
+    for _ in range(10**7):  # the command goes on working
+        pass
+    print("finished")
+    return 0
+
+cli._cmd_tasks = tasks
+cli.run(sys.argv[1:])
+"""
+
+
+def test_a_ctrl_c_landing_in_a_finaliser_interrupts_the_command() -> None:
+    """Ctrl-C can arrive while Python runs an object's ``__del__`` (a progress bar being
+    collected): the command is interrupted as usual (one line, exit 130), not left running after
+    a printed "Exception ignored ... Traceback"."""
+    done = subprocess.run([sys.executable, "-c", CTRL_C_IN_A_FINALISER, "tasks"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert done.stderr == "embodied tasks: interrupted\n" and "finished" not in done.stdout

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import _thread
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from embodied import __version__
@@ -303,6 +306,34 @@ def _one_line_warnings(command: str) -> Any:
     return show
 
 
+@contextlib.contextmanager
+def _ctrl_c_outside_finalisers() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt in the command, never inside an object's ``__del__`` (a
+    progress bar being collected, say): Python cannot raise out of a finaliser, so it would print
+    "Exception ignored ... Traceback" and drop the interrupt. There it waits for the finaliser to
+    return. A SIGINT that is ignored or handled by someone else is left alone."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        while frame is not None:
+            if frame.f_code.co_name == "__del__":  # this handler again, in 10 ms
+                threading.Timer(0.01, _thread.interrupt_main).start()
+                return
+            frame = frame.f_back
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``embodied`` console script. An expected failure is one line,
     ``embodied <command>: error: <what>``, and exit status 2; ``--debug`` (or
@@ -322,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     words += [getattr(args, k) for k in ("algorithm", "target") if getattr(args, k, None)]
     command = " ".join(words)
     try:
-        with warnings.catch_warnings():  # restores Python's own display when the command ends
+        with warnings.catch_warnings(), _ctrl_c_outside_finalisers():  # both undone at the end
             if not debug:
                 warnings.showwarning = _one_line_warnings(command)
             return args.func(args)
