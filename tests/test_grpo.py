@@ -22,6 +22,7 @@ from embodied.train.grpo import (
     grpo_loss,
     holder_mean,
     kl_k3,
+    monitor_warning,
     reward_correlation,
     train_grpo,
 )
@@ -444,3 +445,17 @@ def test_shipped_config_loads_with_the_command_line_overrides() -> None:
     vla = load_config(GRPOConfig, str(config.with_name("grpo_vla.yaml")), ["policy=p"])
     assert (vla.task, vla.loss_agg) == ("Reach", "traj-mean")
     assert vla.policy_overrides == {"temperature": 0.7}
+
+
+def test_the_monitor_tells_a_reward_that_never_tracked_from_one_that_fell() -> None:
+    """A low correlation on the first rollouts is the reward model not fitting the policy's
+    episodes, not the policy exploiting it; a later drop below the threshold (or 0.3 below the
+    first) is a fall; nothing is said otherwise."""
+    first = monitor_warning(0, 0.28, None, warn=0.3)
+    assert first is not None and "is 0.28 on the first rollouts" in first and "fell" not in first
+    assert monitor_warning(0, 0.9, None, warn=0.3) is None
+    assert monitor_warning(3, 0.85, 0.9, warn=0.3) is None
+    assert "fell to 0.55 (first 0.90)" in monitor_warning(3, 0.55, 0.9, warn=0.3)
+    assert "fell to 0.20 (first 0.28)" in monitor_warning(5, 0.2, 0.28, warn=0.3)
+    assert monitor_warning(5, 0.29, 0.28, warn=0.3) is None  # never tracked, and no worse
+    assert monitor_warning(5, float("nan"), 0.9, warn=0.3) is None

@@ -225,6 +225,25 @@ def reward_correlation(learned: list[np.ndarray], privileged: list[np.ndarray]) 
     return pearson(x[known], y[known])
 
 
+def monitor_warning(iteration: int, corr: float, first: float | None, warn: float) -> str | None:
+    """What the reward-hacking monitor says of this iteration's correlation ``corr`` (``first``:
+    the first finite one before it, None if none): a reward model that does not track progress
+    on the first rollouts, or one whose correlation fell below ``warn`` (or 0.3 below the first)
+    since; else nothing."""
+    if not np.isfinite(corr):
+        return None
+    said = f"iteration {iteration}: the learned reward's correlation with privileged progress"
+    if first is None:
+        if corr >= warn:
+            return None
+        return (f"{said} is {corr:.2f} on the first rollouts (below monitor_warn {warn}); the "
+                "reward model may not fit this policy's episodes")  # fmt: skip
+    if corr < min(warn, first) or corr < first - 0.3:
+        return (f"{said} fell to {corr:.2f} (first {first:.2f}); the policy may be exploiting "
+                "the reward model")  # fmt: skip
+    return None
+
+
 def train_grpo(cfg: GRPOConfig) -> RunDir:
     """Run GRPO; return the run directory (final policy in ``policy/``)."""
 
@@ -315,15 +334,10 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     log["monitor/privileged_final_progress"] = float(
                         np.mean([c[-1] for c in privileged])
                     )
-                    if np.isfinite(corr):
-                        first_corr = corr if first_corr is None else first_corr
-                        if corr < cfg.monitor_warn or corr < first_corr - 0.3:
-                            warnings.warn(
-                                f"iteration {iteration}: the learned reward's correlation with "
-                                f"privileged progress fell to {corr:.2f} (first {first_corr:.2f}); "
-                                "the policy may be exploiting the reward model",
-                                stacklevel=2,
-                            )
+                    if message := monitor_warning(iteration, corr, first_corr, cfg.monitor_warn):
+                        warnings.warn(message, stacklevel=2)
+                    if first_corr is None and np.isfinite(corr):
+                        first_corr = corr
 
                 if not kept:  # nothing to learn from: no update, the schedule still advances
                     log["update/skipped"] = 1.0
