@@ -123,6 +123,16 @@ def preset_tasks(name: str) -> tuple[str, ...] | None:
     return PRESETS.get(name.upper())
 
 
+def expand_presets(names: Sequence[str]) -> list[str]:
+    """``names`` with each benchmark preset (``MT10``) replaced by its tasks as env names
+    (``metaworld/reach-v3``, ...); other names as given."""
+    expanded: list[str] = []
+    for name in names:
+        preset = preset_tasks(name)
+        expanded += [f"metaworld/{t}" for t in preset] if preset is not None else [name]
+    return expanded
+
+
 def speed_up_rendering(
     model: Any, env: Any, cameras: Sequence[str], height: int, detail: float = MESH_DETAIL
 ) -> float:

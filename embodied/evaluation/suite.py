@@ -27,7 +27,7 @@ from embodied.evaluation.results import EvalResult, summarize
 from embodied.evaluation.video import annotate_frames, encoder_available, write_video
 from embodied.rollout.episodes import ExpertActor, PolicyActor, RandomActor, rollout_vector
 from embodied.rollout.matching import check_policy_env, env_options
-from embodied.sims.metaworld import preset_tasks
+from embodied.sims.metaworld import expand_presets
 
 SUITES = ("tabletop", "metaworld")
 
@@ -180,10 +180,7 @@ def suite_tasks(suite: str, tasks: Sequence[str] = ()) -> list[str]:
                 f"unknown tabletop task(s) {unknown}; available: {', '.join(sims.list_tasks())}"
             )
         return names
-    expanded: list[str] = []
-    for name in tasks or ["MT10"]:
-        preset = preset_tasks(name)
-        expanded += list(preset) if preset is not None else [name.removeprefix("metaworld/")]
+    expanded = [t.removeprefix("metaworld/") for t in expand_presets(tasks or ["MT10"])]
     available = [t.removeprefix("metaworld/") for t in sims.list_tasks("metaworld")]
     unknown = [t for t in expanded if t not in available]
     if unknown:

@@ -26,7 +26,7 @@ from embodied.rollout.backends import DistributedConfig, make_rollouts
 from embodied.rollout.episodes import decision_windows
 from embodied.rollout.matching import check_policy_env, env_options
 from embodied.sims import grouped_seeds
-from embodied.sims.metaworld import preset_tasks
+from embodied.sims.metaworld import expand_presets
 from embodied.train.optim import OptimConfig
 
 
@@ -77,10 +77,7 @@ class OnPolicyConfig:
 def task_names(cfg: OnPolicyConfig) -> list[str]:
     """The env tasks a run trains on: ``tasks`` (or ``task`` alone), a Meta-World preset such as
     ``MT10`` expanded to ``metaworld/<name>`` for each of its tasks."""
-    names: list[str] = []
-    for name in cfg.tasks or [cfg.task]:
-        preset = preset_tasks(name)
-        names += [f"metaworld/{t}" for t in preset] if preset is not None else [name]
+    names = expand_presets(cfg.tasks or [cfg.task])
     if len(set(names)) != len(names):
         raise ValueError(f"tasks {names} name a task more than once")
     return names
