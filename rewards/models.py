@@ -38,6 +38,10 @@ class LearnedProgress(RewardModel):
         size = self.model.config.image_size
         return (size, size)
 
+    @property
+    def image_key(self) -> str | None:
+        return self.model.config.image_key or None
+
     def score(self, trajectories: Sequence[Trajectory]) -> list[ProgressScore]:
         import torch
 
@@ -46,7 +50,7 @@ class LearnedProgress(RewardModel):
         clips = []
         for traj, pick in zip(trajectories, picks, strict=True):
             pick = np.concatenate([pick, np.repeat(pick[-1:], width - len(pick))])  # causal pad
-            clips.append(camera_frames(traj)[pick])
+            clips.append(camera_frames(traj, self.image_key)[pick])
         frames = torch.from_numpy(np.stack(clips)).to(self.model.device)
         with torch.no_grad():
             out = self.model(frames, [t.instruction for t in trajectories])

@@ -59,6 +59,7 @@ class ProgressConfig:
     """Architecture of a ``ProgressRewardModel`` (JSON-able; ``config.json`` holds it)."""
 
     image_size: int = 64  # frames are uint8 [B, T, image_size, image_size, 3]
+    image_key: str = ""  # the camera trained on (observation.images.<name>); "": the first one
     vocab: list[str] = field(default_factory=lambda: [UNKNOWN_WORD])  # build_vocab(instructions)
     vision_encoder: str = "resnet"  # resnet | efficientnet_lite0 | hf:<local model directory>
     vision_channels: list[int] = field(default_factory=lambda: [16, 32, 64])  # pretrained: adapter

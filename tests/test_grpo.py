@@ -29,6 +29,7 @@ from embodied.train.grpo import (
 from embodied.train.onpolicy import (
     TaskGroups,
     check_ratio,
+    check_task,
     collect_decisions,
     element_log_probs,
     env_kwargs,
@@ -459,3 +460,38 @@ def test_the_monitor_tells_a_reward_that_never_tracked_from_one_that_fell() -> N
     assert "fell to 0.20 (first 0.28)" in monitor_warning(5, 0.2, 0.28, warn=0.3)
     assert monitor_warning(5, 0.29, 0.28, warn=0.3) is None  # never tracked, and no worse
     assert monitor_warning(5, float("nan"), 0.9, warn=0.3) is None
+
+
+def test_rollouts_show_the_reward_model_the_camera_it_was_trained_on(saved) -> None:
+    """A state policy's rollouts render the reward model's camera (here the wrist, not the
+    default front) for it to score; a pixel policy whose env lacks that camera is refused before
+    any rollout, naming it."""
+    import embodied.sims as sims
+    from embodied.policies import Policy
+    from embodied.rewards.models import LearnedProgress
+    from embodied.rollout.episodes import ExpertActor, rollout_vector
+    from embodied.sims.replay import attach_replay_frames
+
+    model = ProgressRewardModel.from_pretrained(saved["reward"])
+    model.config.image_key = "observation.images.wrist"
+    reward = LearnedProgress(model)
+    kwargs = env_kwargs("Reach", Policy.from_pretrained(saved["policy"]), reward)
+    assert kwargs["cameras"] == ["wrist"] and kwargs["render_state"] is True
+    vec = sims.make_vec_env("Reach", 1, autoreset_mode="disabled", max_episode_steps=4, **kwargs)
+    try:
+        traj = list(rollout_vector(vec, ExpertActor(vec), [3]))[0]
+    finally:
+        vec.close()
+    attach_replay_frames([traj], "Reach", kwargs)
+    env = sims.make("Reach", obs_mode="pixels", image_size=16, cameras=["wrist"])
+    wrist, _ = env.reset(seed=3)
+    env.close()
+    np.testing.assert_array_equal(traj.frames[0], wrist["pixels"]["wrist"])
+
+    pixels = make_policy("diffusion", state_dim=4, action_dim=4, image_keys=["observation.image"],
+                         image_size=16, n_obs_steps=1, horizon=8, n_action_steps=4,
+                         down_dims=[16, 32], vision_channels=[4, 8], num_keypoints=4)  # fmt: skip
+    options = env_kwargs("Reach", pixels, reward)
+    with pytest.raises(ValueError, match=r"the reward model reads observation.images.wrist, "
+                       r"Reach offers \['observation.image'\]"):  # fmt: skip
+        check_task(pixels, "Reach", options, reward)

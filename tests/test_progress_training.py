@@ -77,6 +77,7 @@ def test_train_reward_end_to_end(labelled_reach: Path, tmp_path: Path) -> None:
     model = ProgressRewardModel.from_pretrained(run.path / "model")
     dataset = LeRobotDataset(labelled_reach)
     assert model.config.image_size == 32 and model.config.vocab == build_vocab(dataset.tasks)
+    assert model.config.image_key == "observation.image"  # the camera it scores in GRPO
     recorded = OmegaConf.load(run.path / "config.yaml").model
     assert recorded.image_size == 32 and list(recorded.vocab) == model.config.vocab
     frames = dataset.episode_frames(0, keys=["observation.image"])["observation.image"]

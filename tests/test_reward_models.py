@@ -96,3 +96,37 @@ def test_eval_reward_scores_the_judge_through_the_interface(tmp_path, judge_dir)
     assert judge_row["method"] == f"judge:{judge_dir}" and judge_row["episodes"] == 3
     assert 0 <= judge_row["missing"] <= 3 * 3  # three queried frames per episode at most
     assert time_row["voc_success_mean"] == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def two_cameras():
+    """A Reach rollout seen by the front and the wrist camera."""
+    vec = sims.make_vec_env("Reach", 1, autoreset_mode="disabled", obs_mode="pixels_state",
+                            image_size=16, cameras=["front", "wrist"],
+                            max_episode_steps=8)  # fmt: skip
+    try:
+        return list(rollout_vector(vec, ExpertActor(vec, noise=0.3), [0]))[0]
+    finally:
+        vec.close()
+
+
+def test_a_learned_model_scores_the_camera_it_was_trained_on(two_cameras, rollouts) -> None:
+    """A model trained on the wrist camera scores the wrist, not the first camera a rollout has
+    (it used to score ``front`` whatever it was trained on); one trained on a camera the rollout
+    lacks is refused, naming both; a named camera is the only image of an env built with it."""
+    model = _tiny_model()
+    model.config.image_key = "observation.images.wrist"
+    traj = two_cameras
+    score = LearnedProgress(model, frames=4).score([traj])[0]
+    picks = evenly_spaced(traj.length + 1, 4)
+    wrist = torch.from_numpy(traj.observations["pixels"]["wrist"][picks])[None]
+    with torch.no_grad():
+        alone = model(wrist, [traj.instruction])["progress"][0]
+    torch.testing.assert_close(torch.from_numpy(score.progress[picks]).float(), alone)
+    model.config.image_key = "observation.images.top"
+    with pytest.raises(ValueError, match=r"scores observation.images.top; the trajectory has "
+                       r"\['observation.images.front', 'observation.images.wrist'\]"):  # fmt: skip
+        LearnedProgress(model, frames=4).score([traj])
+    model.config.image_key = "observation.images.front"
+    front = camera_frames(rollouts[0], "observation.images.front")  # built with front alone
+    np.testing.assert_array_equal(front, rollouts[0].observations["pixels"])

@@ -323,5 +323,8 @@ def _evaluate(
     )
     scores = reward_model.score(trajs)
     pick = evenly_spaced(trajs[0].length + 1, reward_model.frames)  # the frames it scored
-    first = (camera_frames(trajs[0])[pick], scores[0].progress[pick].tolist())
+    first = (
+        camera_frames(trajs[0], reward_model.image_key)[pick],
+        scores[0].progress[pick].tolist(),
+    )
     return result, [score.progress.tolist() for score in scores], first

@@ -61,12 +61,16 @@ def feature_value_names(spec: dict[str, Any]) -> list[str]:
     return list(names)
 
 
-def one_camera_alias(keys: Sequence[str], available: Collection[str]) -> dict[str, str]:
+def one_camera_alias(
+    keys: Sequence[str], available: Collection[str], image_camera: str | None = None
+) -> dict[str, str]:
     """``{read key: available key}`` for the one case where names differ: a model reading one
     named camera (``observation.images.front``) of an env built with only its default camera,
-    whose single image is ``observation.image``."""
+    whose single image is ``observation.image``. ``image_camera``, where known, names the camera
+    that image is: then no other camera is taken for it."""
     cameras = [k for k in keys if k.startswith(CAMERA_PREFIX)]
-    if len(cameras) == 1 and cameras[0] not in available and IMAGE_KEY in available:
+    shown = image_camera is None or cameras[:1] == [CAMERA_PREFIX + image_camera]
+    if len(cameras) == 1 and cameras[0] not in available and IMAGE_KEY in available and shown:
         return {cameras[0]: IMAGE_KEY}
     return {}
 

@@ -17,7 +17,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from embodied.core.features import CAMERA_PREFIX, IMAGE_KEY, env_observation_features
+from embodied.core.features import (
+    IMAGE_KEY,
+    env_observation_features,
+    is_image_key,
+    one_camera_alias,
+)
 from embodied.core.trajectory import Trajectory
 
 
@@ -40,28 +45,38 @@ class RewardModel(abc.ABC):
         """The camera size the model scores at; None when it reads no frames."""
         return None
 
+    @property
+    def image_key(self) -> str | None:
+        """The camera the model scores, as a feature name (``observation.images.corner``, or
+        ``observation.image`` for an env's default camera alone); None: the first camera."""
+        return None
+
     @abc.abstractmethod
     def score(self, trajectories: Sequence[Trajectory]) -> list[ProgressScore]:
         """One ``ProgressScore`` per trajectory, in order."""
 
 
-def camera_frames(trajectory: Trajectory) -> np.ndarray:
-    """The frames ``uint8 [T+1, H, W, 3]`` of a trajectory's first camera (its only camera, or
-    ``front`` before ``wrist``): the view a progress model scores. Without a camera among the
-    observations, the rollout's ``frames`` (the first camera's renders, possibly rendered only
-    when indexed)."""
+def camera_frames(trajectory: Trajectory, image_key: str | None = None) -> np.ndarray:
+    """The frames ``uint8 [T+1, H, W, 3]`` a progress model scores: camera ``image_key``
+    (ValueError naming the cameras there are when it is missing; a named camera is the only
+    image of an env built with just that one, as for a policy), by default the first camera (its
+    only camera, or ``front`` before ``wrist``). Without a camera among the observations, the
+    rollout's ``frames`` (the first camera's renders, possibly rendered only when indexed)."""
     features = env_observation_features(trajectory.observations)
-    if IMAGE_KEY in features:
-        return features[IMAGE_KEY]
-    cameras = [k for k in features if k.startswith(CAMERA_PREFIX)]
+    cameras = [k for k in features if is_image_key(k)]
     if not cameras and trajectory.frames is not None:
-        return trajectory.frames
+        return trajectory.frames  # rendered from the camera the rollout env was given
     if not cameras:
         raise ValueError(
             f"the trajectory has no camera to score (observations: {sorted(features)}); roll out "
             "with obs_mode=pixels or pixels_state"
         )
-    return features[cameras[0]]
+    if image_key is None:
+        return features[IMAGE_KEY if IMAGE_KEY in features else cameras[0]]
+    key = one_camera_alias([image_key], features).get(image_key, image_key)
+    if key not in features:
+        raise ValueError(f"the reward model scores {image_key}; the trajectory has {cameras}")
+    return features[key]
 
 
 def evenly_spaced(length: int, count: int) -> np.ndarray:

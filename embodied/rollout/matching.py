@@ -51,6 +51,19 @@ def camera_name(key: str) -> str:
     return key[len(CAMERA_PREFIX) :]
 
 
+def image_camera(env: gym.Env | gym.vector.VectorEnv) -> str | None:
+    """The camera an env's single ``observation.image`` shows (its only camera), where it says
+    (``cameras``, as the tabletop and Meta-World envs do); None otherwise."""
+    try:
+        if isinstance(env, gym.vector.VectorEnv):
+            cameras = env.get_attr("cameras")[0] if hasattr(env, "get_attr") else None
+        else:
+            cameras = getattr(env.unwrapped, "cameras", None)
+    except AttributeError:  # a sub-env that does not say
+        return None
+    return str(cameras[0]) if cameras is not None and len(cameras) == 1 else None
+
+
 def env_spec(env: gym.Env | gym.vector.VectorEnv) -> tuple[ObservationSpec, int]:
     """What an env (or each sub-env of a vector env) offers: its cameras with sizes, state sizes
     with value names (when the env names them, ``feature_names``), and its action size."""
@@ -88,7 +101,7 @@ def check_policy_env(
     action size, each camera and its size, state sizes, and the state values' names where both
     sides name them (a tabletop policy on Meta-World has the same sizes but other values)."""
     offered, action_dim = env_spec(env)
-    alias = one_camera_alias(list(spec.cameras), offered.cameras)
+    alias = one_camera_alias(list(spec.cameras), offered.cameras, image_camera(env))
     problems: list[str] = []
     if action.dim != action_dim:
         problems.append(f"{what} outputs {action.dim}-D actions, {task} takes {action_dim}-D")

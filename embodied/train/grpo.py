@@ -257,7 +257,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     monitored = cfg.reward in ("learned", "judge")
     envs = {task: env_kwargs(task, policy, reward_model, cfg.env) for task in task_names(cfg)}
     for task, kwargs in envs.items():
-        check_task(policy, task, kwargs)
+        check_task(policy, task, kwargs, reward_model)
     first_corr: float | None = None
     # The schedule advances once per iteration (warm-up and cosine over iterations).
     with Trainer(cfg, policy, cfg.iterations) as trainer:

@@ -17,14 +17,14 @@ import torch
 
 import embodied.sims as sims
 from embodied.core.config import seed_setting, setting
-from embodied.core.features import ObservationSpec
+from embodied.core.features import CAMERA_PREFIX, ObservationSpec
 from embodied.core.reward import RewardModel
 from embodied.evaluation.suite import evaluate_policy
 from embodied.policies import Policy
 from embodied.rewards.models import REWARD_TYPES
 from embodied.rollout.backends import DistributedConfig, make_rollouts
 from embodied.rollout.episodes import decision_windows
-from embodied.rollout.matching import check_policy_env, env_options
+from embodied.rollout.matching import camera_name, check_policy_env, env_options
 from embodied.sims import grouped_seeds
 from embodied.sims.metaworld import expand_presets
 from embodied.train.optim import OptimConfig
@@ -104,35 +104,48 @@ def env_kwargs(
     task: str, policy: Any, reward_model: RewardModel, extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Env options giving the policy its inputs (plus ``extra``, the config's ``env``) and a
-    frame-reading reward model its camera (the first one: ``front`` on the tabletop) at its
-    size. A state policy's tabletop rollouts record render states and render only the frames
-    the reward model reads (``embodied.sims.replay``); other envs render every step. Episodes
-    end at the first success, as in evaluation (Meta-World would run on to 500 steps)."""
+    frame-reading reward model its camera (the one it was trained on; the first one for a model
+    that does not say: ``front`` on the tabletop) at its size. A state policy's tabletop rollouts
+    record render states and render only the frames the reward model reads
+    (``embodied.sims.replay``); other envs render every step. A pixel policy's env must render
+    the reward model's camera (``check_task`` refuses one that does not). Episodes end at the
+    first success, as in evaluation (Meta-World would run on to 500 steps)."""
     kwargs = env_options(policy.observation_spec) | {"terminate_on_success": True}
     kwargs |= dict(extra or {})
     size = reward_model.image_size
+    key = reward_model.image_key or ""
     if size is not None:
-        if kwargs["obs_mode"] == "state" and sims.supports_render_state(task):
-            kwargs.update(render_state=True, image_size=tuple(size))
-        elif kwargs["obs_mode"] == "state":
-            kwargs.update(obs_mode="pixels_state", image_size=tuple(size))
+        if kwargs["obs_mode"] == "state":
+            if sims.supports_render_state(task):
+                kwargs.update(render_state=True, image_size=tuple(size))
+            else:
+                kwargs.update(obs_mode="pixels_state", image_size=tuple(size))
+            if key.startswith(CAMERA_PREFIX):  # else the env's default camera
+                kwargs["cameras"] = [camera_name(key)]
         elif tuple(kwargs["image_size"]) != tuple(size):
             raise ValueError(
                 f"the policy reads {kwargs.get('cameras', 'the default camera')} at "
-                f"{kwargs['image_size']} but the reward model scores the first camera at "
-                f"{tuple(size)}; train them on the same frames"
+                f"{kwargs['image_size']} but the reward model scores "
+                f"{key or 'the first camera'} at {tuple(size)}; train them on the same frames"
             )
     elif kwargs["obs_mode"] == "state" and reward_model.reward_type == "judge":
         kwargs.update(obs_mode="pixels_state")  # the judge resizes whatever camera it gets
     return kwargs
 
 
-def check_task(policy: Policy, task: str, options: dict[str, Any]) -> None:
+def check_task(
+    policy: Policy, task: str, options: dict[str, Any], reward_model: RewardModel | None = None
+) -> None:
     """Refuse, before any rollout or output, a task whose env (built with ``options``) cannot
-    feed ``policy`` or take its actions."""
+    feed ``policy`` or take its actions, or does not render the camera ``reward_model`` scores
+    (frames replayed from render states come from the camera ``env_kwargs`` gave the env)."""
     env = sims.make(task, **options)
     try:
         check_policy_env(policy.observation_spec, policy.action_spec, env, task)
+        key, size = (reward_model.image_key, reward_model.image_size) if reward_model else (0, 0)
+        if key and size and not options.get("render_state"):
+            reads = ObservationSpec(cameras={key: tuple(size)})
+            check_policy_env(reads, policy.action_spec, env, task, what="the reward model")
     finally:
         env.close()
 

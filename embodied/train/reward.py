@@ -251,7 +251,8 @@ def pretrained_model(
             f"pretrained model {directory} reads {have.image_size} px frames; the dataset's are "
             f"{image_size} px"
         )
-    names = [f.name for f in fields(ProgressConfig) if f.name not in ("image_size", "vocab")]
+    names = [f.name for f in fields(ProgressConfig)
+             if f.name not in ("image_size", "image_key", "vocab")]  # fmt: skip
     differ = [
         f"model.{name}={getattr(wanted, name)!r} (pretrained: {getattr(have, name)!r})"
         for name in names
@@ -305,8 +306,10 @@ def train_reward(cfg: RewardTrainConfig) -> RunDir:
         model_cfg = ProgressConfig(**dict(model_cfg))
     if cfg.pretrained:
         model = pretrained_model(cfg.pretrained, model_cfg, int(shape[0]), dataset.tasks).to(device)
+        model.config.image_key = clips.image_key  # now trained on this dataset's camera
     else:
-        model_cfg = replace(model_cfg, image_size=int(shape[0]), vocab=build_vocab(dataset.tasks))
+        model_cfg = replace(model_cfg, image_size=int(shape[0]), image_key=clips.image_key,
+                            vocab=build_vocab(dataset.tasks))  # fmt: skip
         model = ProgressRewardModel(model_cfg).to(device)
     recorded = replace(cfg, model=model.config)  # image size and vocabulary as trained
     eval_frames = cfg.eval_frames or max(cfg.clip_len, cfg.clip_len_max)

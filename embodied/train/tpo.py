@@ -123,7 +123,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
         raise ValueError(f"TPO trains on one task; tasks names {len(tasks)}: {tasks}")
     task = tasks[0]
     kwargs = onpolicy.env_kwargs(task, policy, reward_model, cfg.env)
-    onpolicy.check_task(policy, task, kwargs)
+    onpolicy.check_task(policy, task, kwargs, reward_model)
     num_envs = cfg.num_envs or cfg.groups * cfg.group_size
     probe = sims.make(task, obs_mode="state")
     limit = probe.spec.max_episode_steps if probe.spec is not None else None
