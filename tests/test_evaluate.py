@@ -172,6 +172,35 @@ def test_eval_expert_and_random_write_a_complete_report(tmp_path: Path, capsys) 
     assert result.success_rate == 0.0 and result.mean_length == 80
 
 
+def test_eval_records_its_episodes_as_a_dataset_to_label_and_train_on(tmp_path: Path) -> None:
+    """``record=DIR`` writes every evaluated episode (its successes and failures, seeds held out)
+    into a LeRobot dataset, appending on a second run, that ``embodied label`` then labels for
+    reward training on the policy's own episodes; a run whose observations differ is refused."""
+    from embodied.apps.label import run_label
+    from embodied.datasets import LeRobotDataset
+
+    data = tmp_path / "data"
+    pixels = {"obs_mode": "pixels_state", "image_size": 32}
+    _, results = run_eval(EvalConfig(policy="random", tasks=["Reach"], episodes=2, videos=0,
+                                     env=pixels, out=str(tmp_path), record=str(data)))  # fmt: skip
+    assert main(["eval", "--policy", "expert", "--tasks", "Reach", "--episodes", "2", "--seed",
+                 "7", "--videos", "0", "--out", str(tmp_path), "--record", str(data),
+                 "env.obs_mode=pixels_state", "env.image_size=32"]) == 0  # fmt: skip
+    dataset = LeRobotDataset(data)
+    table = dataset.episodes_table()
+    assert [int(r["seed"]) for r in table] == [100_000, 100_001, 7, 8]
+    assert [bool(r["success"]) for r in table] == [False, False, True, True]
+    assert results[0].success_rate == 0.0 and "observation.image" in dataset.features
+    summary = run_label(data)
+    assert summary.episodes == 4 and summary.final_success == pytest.approx(1.0)
+    runs = sorted(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="image_size: this run records observation.image"):
+        run_eval(EvalConfig(policy="random", tasks=["Reach"], episodes=1, videos=0,
+                            env={**pixels, "image_size": 16}, out=str(tmp_path),
+                            record=str(data)))  # fmt: skip
+    assert sorted(tmp_path.iterdir()) == runs  # refused before any run directory
+
+
 def test_eval_refuses_bad_input_before_any_rollout(tmp_path: Path) -> None:
     from embodied.policies import make_policy
 

@@ -64,7 +64,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from embodied.evaluation.report import EVAL_HEADERS, eval_rows, markdown_table
     from embodied.evaluation.suite import EvalConfig, run_eval
 
-    flags = ("policy", "suite", "tasks", "episodes", "seed", "videos", "workers", "out")
+    flags = ("policy", "suite", "tasks", "episodes", "seed", "videos", "workers", "out", "record")
     run, results = run_eval(_config(EvalConfig, args, flags))
     print(markdown_table(EVAL_HEADERS, eval_rows(results)))
     print(f"\nreport: {run.path / 'report.html'}")
@@ -227,6 +227,7 @@ def build_parser(benches: bool = True) -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, help="first seed (default 100000, held out)")
     ev.add_argument("--videos", type=int, help="videos per task")
     ev.add_argument("--workers", type=int, help="parallel env workers")
+    ev.add_argument("--record", help="LeRobot dataset to write (or append) every episode to")
     ev.add_argument("--out", help="root directory of the run")
     ev.set_defaults(func=_cmd_eval)
 

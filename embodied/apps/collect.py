@@ -30,9 +30,10 @@ import embodied.sims as sims
 from embodied.apps.collect_workers import EpisodeRecipe, EpisodeRunner
 from embodied.core.config import SEED_MAX, seed_setting, setting, validate
 from embodied.core.run import progress_bar
-from embodied.datasets import LeRobotDatasetWriter, PreparedEpisode
+from embodied.datasets import PreparedEpisode
 from embodied.datasets.lerobot.lock import defer_interrupts
 from embodied.rollout.episodes import RECORDS
+from embodied.rollout.recording import open_episode_writer
 from embodied.sims.metaworld import preset_tasks
 
 POLICIES = ("expert", "random")
@@ -183,7 +184,9 @@ def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
                 _start_helpers_without_sigint()
             probe = sims.make(cfg.task, **env_kwargs)  # its spaces and names; never stepped
         try:
-            run.writer = writer = _open_writer(cfg, probe, run.out)
+            run.writer = writer = open_episode_writer(
+                run.out, probe, cfg.obs_mode, fps=cfg.fps, lossless=cfg.lossless
+            )
         finally:
             probe.close()
         run.first = writer.num_episodes
@@ -250,73 +253,3 @@ def _start_helpers_without_sigint() -> None:
         multiprocessing.forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def _open_writer(cfg: CollectConfig, env: Any, out: Path) -> LeRobotDatasetWriter:
-    """A writer for ``out``: a new dataset, or the one there after checking that this run's
-    settings and observations match it (ValueError naming the setting otherwise)."""
-
-    def append() -> LeRobotDatasetWriter:
-        return LeRobotDatasetWriter.open(out, fps=cfg.fps, lossless=cfg.lossless)
-
-    if (out / "meta" / "info.json").exists():
-        writer = append()
-    else:
-        try:
-            writer = LeRobotDatasetWriter(
-                out, fps=cfg.fps, lossless=cfg.lossless, names=_state_names(env, cfg.obs_mode)
-            )
-        except FileExistsError as error:
-            if not (out / "meta" / "info.json").exists():
-                raise ValueError(f"out: {error}") from None
-            writer = append()  # another run created the dataset meanwhile
-    try:
-        _check_observations(writer.features, env, out)
-    except BaseException:
-        writer.close()
-        raise
-    return writer
-
-
-def _check_observations(features: dict[str, Any], env: Any, out: Path) -> None:
-    """The env's observations must be the dataset's observation features, with their shapes."""
-    import gymnasium as gym
-
-    from embodied.core.features import observation_feature
-
-    recorded = {
-        name: list(feature["shape"])
-        for name, feature in features.items()
-        if str(feature.get("trajectory_field", "")).startswith("observations/")
-    }
-    if not recorded:  # a new (or empty) dataset takes whatever comes
-        return
-    ours: dict[str, list[int]] = {}
-
-    def walk(space: Any, path: tuple[str, ...]) -> None:
-        if isinstance(space, gym.spaces.Dict):
-            for key, sub in space.spaces.items():
-                walk(sub, (*path, key))
-        else:
-            ours[observation_feature(path)] = list(space.shape) or [1]
-
-    walk(env.observation_space, ())
-    if set(ours) != set(recorded):
-        raise ValueError(
-            f"obs_mode/cameras: this run records the observations {sorted(ours)} but the dataset "
-            f"at {out} has {sorted(recorded)}"
-        )
-    for name, shape in ours.items():
-        if shape != recorded[name]:
-            setting_name = "image_size" if features[name]["dtype"] == "video" else "task/obs_mode"
-            raise ValueError(
-                f"{setting_name}: this run records {name} with shape {shape} but the dataset at "
-                f"{out} has {recorded[name]}"
-            )
-
-
-def _state_names(env: Any, obs_mode: str) -> dict[str, list[str]]:
-    """The env's names for the state observations it returns in ``obs_mode``."""
-    names = env.get_wrapper_attr("feature_names")
-    returned = {"agent_pos"} | ({"environment_state"} if obs_mode != "pixels" else set())
-    return {key: value for key, value in names.items() if key in returned}

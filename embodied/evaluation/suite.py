@@ -8,9 +8,10 @@ of a suite, written to ``results.json``, ``report.md``, plots and ``report.html`
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from embodied.evaluation.results import EvalResult, summarize
 from embodied.evaluation.video import annotate_frames, encoder_available, write_video
 from embodied.rollout.episodes import ExpertActor, PolicyActor, RandomActor, rollout_vector
 from embodied.rollout.matching import check_policy_env, env_options
+from embodied.rollout.recording import open_episode_writer
 from embodied.sims.metaworld import expand_presets
 
 SUITES = ("tabletop", "metaworld")
@@ -149,6 +151,7 @@ class EvalConfig:
     episodes: int = setting(50, low=1)
     seed: int = seed_setting(100_000)  # held out: demonstrations use seeds from 0
     videos: int = setting(1, low=0)  # episodes per task saved as MP4 (instruction, progress)
+    record: str = ""  # a LeRobot dataset to write (or append) every episode to, e.g. reward data
     sample: bool = False  # a saved policy samples as in RL rollouts instead of acting greedily
     env: dict[str, Any] = field(default_factory=dict)  # env options on top of the policy's
     workers: int = setting(1, low=1)
@@ -231,15 +234,17 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
             finally:
                 env.close()
 
-    seed_everything(cfg.seed)
-    run = RunDir.create(cfg.out, cfg.name, config=cfg)
-    (run.path / "videos").mkdir()
-    results: list[EvalResult] = []
-    started = time.perf_counter()
-    bar = progress_bar(total=len(tasks), desc=f"eval {cfg.policy}")
-    with run.metrics() as metrics:
+    with contextlib.ExitStack() as stack:
+        writer = stack.enter_context(_recorder(cfg, tasks[0], env_kwargs))  # refused up front too
+        seed_everything(cfg.seed)
+        run = RunDir.create(cfg.out, cfg.name, config=cfg)
+        (run.path / "videos").mkdir()
+        results: list[EvalResult] = []
+        started = time.perf_counter()
+        bar = stack.enter_context(progress_bar(total=len(tasks), desc=f"eval {cfg.policy}"))
+        metrics = stack.enter_context(run.metrics())
         for step, task in enumerate(tasks):
-            result, _ = evaluate_task(
+            result, trajs = evaluate_task(
                 run.path,
                 task,
                 make_actor,
@@ -250,9 +255,26 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
                 videos=cfg.videos,
                 fps=cfg.fps,
             )
+            for traj in trajs if writer is not None else []:
+                writer.add_episode(traj)
             results.append(result)
             metrics.log(result.metrics(), step)
             bar.update(1)
-    bar.close()
     write_eval_report(run.path, cfg, results, seconds=time.perf_counter() - started)
     return run, results
+
+
+@contextlib.contextmanager
+def _recorder(cfg: EvalConfig, task: str, env_kwargs: dict[str, Any]) -> Iterator[Any]:
+    """The dataset writer for ``cfg.record`` (None without one), checked against ``task``'s env
+    before any episode runs; it commits what was added when the run ends, or is interrupted."""
+    if not cfg.record:
+        yield None
+        return
+    probe = sims.make(task, **env_kwargs)
+    try:
+        writer = open_episode_writer(Path(cfg.record), probe, env_kwargs["obs_mode"], cfg.fps)
+    finally:
+        probe.close()
+    with writer:
+        yield writer
