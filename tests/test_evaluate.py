@@ -268,3 +268,17 @@ def test_a_tabletop_policy_is_refused_on_metaworld_before_any_rollout(tmp_path: 
                      out=str(tmp_path / "ok"))  # fmt: skip
     _, (result,) = run_eval(cfg)
     assert result.episodes == 1
+
+
+def test_overrides_may_follow_a_list_flag_or_come_after_flags(tmp_path: Path) -> None:
+    """``--tasks Reach episodes=1`` and ``--out DIR name=x``: the key=value words are overrides,
+    not a task named "episodes=1" or an unrecognised argument; a stray word is still refused."""
+    code = main(["eval", "--policy", "random", "--tasks", "Reach", "episodes=1", "--videos", "0",
+                 "--out", str(tmp_path), "name=mine"])  # fmt: skip
+    assert code == 0
+    (run,) = tmp_path.iterdir()
+    results = json.loads((run / "results.json").read_text())
+    assert run.name.startswith("mine-") and [r["task"] for r in results["results"]] == ["Reach"]
+    assert results["results"][0]["episodes"] == 1
+    with pytest.raises(SystemExit):
+        main(["eval", "--policy", "random", "--out", str(tmp_path), "stray", "name=x", "--bad"])

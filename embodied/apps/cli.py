@@ -37,14 +37,15 @@ def _config(schema: type, args: argparse.Namespace, flags: Sequence[str]) -> Any
     overrides (a list flag becomes ``key=[a,b]``)."""
     from embodied.core.config import load_config
 
-    given = []
+    given, overrides = [], list(args.overrides)
     for name in flags:
         value = getattr(args, name)
-        if isinstance(value, list):
-            given.append(f"{name}=[{','.join(value)}]")
+        if isinstance(value, list):  # `--tasks A B key=value`: the overrides that came after
+            overrides += [v for v in value if "=" in v]
+            given.append(f"{name}=[{','.join(v for v in value if '=' not in v)}]")
         elif value is not None:
             given.append(f"{name}={value}")
-    return load_config(schema, args.config, [*given, *args.overrides])
+    return load_config(schema, args.config, [*given, *overrides])
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
@@ -346,7 +347,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(benches="bench" in argv[:1])
     if argv[:2] == ["eval", "reward"]:  # `embodied eval reward ...` is the reward evaluation
         argv = ["eval-reward", *argv[2:]]
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides typed after a flag's values (`--record DIR name=x`) are overrides still
+    if extra and hasattr(args, "overrides") and all("=" in a and a[0] != "-" for a in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     keep_freed_memory()  # glibc: reuse freed tensor buffers instead of page-faulting them in
     if getattr(args, "config", None) and "=" in args.config:
         args.overrides, args.config = [args.config, *args.overrides], None
