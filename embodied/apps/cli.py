@@ -37,15 +37,14 @@ def _config(schema: type, args: argparse.Namespace, flags: Sequence[str]) -> Any
     overrides (a list flag becomes ``key=[a,b]``)."""
     from embodied.core.config import load_config
 
-    given, overrides = [], list(args.overrides)
+    given = []
     for name in flags:
         value = getattr(args, name)
-        if isinstance(value, list):  # `--tasks A B key=value`: the overrides that came after
-            overrides += [v for v in value if "=" in v]
-            given.append(f"{name}=[{','.join(v for v in value if '=' not in v)}]")
+        if isinstance(value, list):
+            given.append(f"{name}=[{','.join(value)}]")
         elif value is not None:
             given.append(f"{name}={value}")
-    return load_config(schema, args.config, [*given, *overrides])
+    return load_config(schema, args.config, [*given, *args.overrides])
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
@@ -336,6 +335,26 @@ def _ctrl_c_outside_finalisers() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _gather_overrides(parser: argparse.ArgumentParser, args: Any, extra: list[str]) -> None:
+    """``key=value`` words are overrides wherever argparse put them: in the config's place
+    (``embodied train bc key=value``), among a list flag's values (``--tasks A B name=x``) or
+    past the flags (``--out DIR name=x``, left over as ``extra``); anything else left over is
+    refused as argparse would."""
+    if extra and not (hasattr(args, "overrides") and all("=" in a and a[0] != "-" for a in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if not hasattr(args, "overrides"):
+        return
+    first = []
+    if getattr(args, "config", None) and "=" in args.config:
+        first, args.config = [args.config], None
+    later = []
+    for name, value in vars(args).items():
+        if isinstance(value, list) and name != "overrides":
+            later += [v for v in value if "=" in v]
+            setattr(args, name, [v for v in value if "=" not in v])
+    args.overrides = [*first, *args.overrides, *later, *extra]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``embodied`` console script. An expected failure is one line,
     ``embodied <command>: error: <what>``, and exit status 2; ``--debug`` (or
@@ -348,14 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:2] == ["eval", "reward"]:  # `embodied eval reward ...` is the reward evaluation
         argv = ["eval-reward", *argv[2:]]
     args, extra = parser.parse_known_args(argv)
-    # key=value overrides typed after a flag's values (`--record DIR name=x`) are overrides still
-    if extra and hasattr(args, "overrides") and all("=" in a and a[0] != "-" for a in extra):
-        args.overrides = [*args.overrides, *extra]
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    _gather_overrides(parser, args, extra)
     keep_freed_memory()  # glibc: reuse freed tensor buffers instead of page-faulting them in
-    if getattr(args, "config", None) and "=" in args.config:
-        args.overrides, args.config = [args.config, *args.overrides], None
     words = [args.command.replace("-", " ")]  # eval-reward is typed `eval reward`
     words += [getattr(args, k) for k in ("algorithm", "target") if getattr(args, k, None)]
     command = " ".join(words)
