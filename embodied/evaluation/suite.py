@@ -255,8 +255,9 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
                 videos=cfg.videos,
                 fps=cfg.fps,
             )
-            for traj in trajs if writer is not None else []:
-                writer.add_episode(traj)
+            if writer is not None:
+                for traj in trajs:
+                    writer.add_episode(traj)
             results.append(result)
             metrics.log(result.metrics(), step)
             bar.update(1)

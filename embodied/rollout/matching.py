@@ -51,14 +51,19 @@ def camera_name(key: str) -> str:
     return key[len(CAMERA_PREFIX) :]
 
 
+def _env_attr(env: gym.Env | gym.vector.VectorEnv, name: str, default: Any) -> Any:
+    """An attribute of an env, or of a vector env's first sub-env; ``default`` where there is
+    none to ask."""
+    if isinstance(env, gym.vector.VectorEnv):
+        return env.get_attr(name)[0] if hasattr(env, "get_attr") else default
+    return getattr(env.unwrapped, name, default)
+
+
 def image_camera(env: gym.Env | gym.vector.VectorEnv) -> str | None:
     """The camera an env's single ``observation.image`` shows (its only camera), where it says
     (``cameras``, as the tabletop and Meta-World envs do); None otherwise."""
     try:
-        if isinstance(env, gym.vector.VectorEnv):
-            cameras = env.get_attr("cameras")[0] if hasattr(env, "get_attr") else None
-        else:
-            cameras = getattr(env.unwrapped, "cameras", None)
+        cameras = _env_attr(env, "cameras", None)
     except AttributeError:  # a sub-env that does not say
         return None
     return str(cameras[0]) if cameras is not None and len(cameras) == 1 else None
@@ -69,10 +74,9 @@ def env_spec(env: gym.Env | gym.vector.VectorEnv) -> tuple[ObservationSpec, int]
     with value names (when the env names them, ``feature_names``), and its action size."""
     if isinstance(env, gym.vector.VectorEnv):
         space, action_space = env.single_observation_space, env.single_action_space
-        names = env.get_attr("feature_names")[0] if hasattr(env, "get_attr") else {}
     else:
         space, action_space = env.observation_space, env.action_space
-        names = getattr(env.unwrapped, "feature_names", {})
+    names = _env_attr(env, "feature_names", {})
     cameras: dict[str, tuple[int, int]] = {}
     pixels = space.spaces.get("pixels") if isinstance(space, gym.spaces.Dict) else None
     if isinstance(pixels, gym.spaces.Dict):
