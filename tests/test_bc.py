@@ -79,6 +79,25 @@ def test_resume_continues_exactly(drawer_states: Path, tmp_path: Path) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_checkpoint_restores_the_gpu_generator(tmp_path: Path) -> None:
+    """Diffusion BC draws its training noise from the GPU's generator: a run resumed from a
+    checkpoint must draw what the uninterrupted run drew next."""
+    from test_policy_base import small_policy
+
+    from embodied.train.checkpoints import load_checkpoint, save_checkpoint
+
+    policy = small_policy().to("cuda")
+    optimizer, scheduler = make_optimizer(policy.parameters(), OptimConfig(), 10)
+    torch.cuda.manual_seed(3)
+    torch.randn(4, device="cuda")
+    saved = save_checkpoint(tmp_path, 1, policy, optimizer, scheduler)
+    uninterrupted = torch.randn(4, device="cuda")
+    torch.randn(4, device="cuda")  # the generator moves on, as a killed run's did
+    load_checkpoint(saved, policy, optimizer, scheduler)
+    assert torch.equal(torch.randn(4, device="cuda"), uninterrupted)
+
+
 def test_diffusion_bc_on_pixels_runs_evaluates_and_saves(tmp_path: Path) -> None:
     root = tmp_path / "buttons"
     run_collect(CollectConfig(task="ButtonPress", episodes=2, out=str(root), image_size=32))

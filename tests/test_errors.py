@@ -151,10 +151,10 @@ def test_an_absurd_batch_size_is_refused_with_its_memory_estimate(
 ) -> None:
     """A batch that cannot fit in this machine's memory is refused before the run starts, with
     what it would need and the largest size that fits (not a hang or an out-of-memory kill)."""
-    argv = ["train", "bc", f"dataset={saved['data']}", "policy=mlp", "batch_size=100000000",
+    argv = ["train", "bc", f"dataset={saved['data']}", "policy=mlp", "batch_size=1000000000000",
             f"out={tmp_path / 'out'}", "device=cpu"]  # fmt: skip
-    err = _refused(argv, "batch_size = 100000000 needs", tmp_path / "out", capsys)
-    pattern = r"batch_size = 100000000 needs [\d.]+ GiB per batch .* GiB: use at most \d+"
+    err = _refused(argv, "batch_size = 1000000000000 needs", tmp_path / "out", capsys)
+    pattern = r"batch_size = 1000000000000 needs [\d.]+ GiB per batch .* GiB: use at most \d+"
     assert re.search(pattern, err), err
 
 

@@ -40,6 +40,9 @@ def save_checkpoint(
     policy.save_pretrained(tmp / "policy")
     tensors, scalars = _flatten_optimizer(optimizer.state_dict())
     tensors["rng.torch"] = torch.get_rng_state()
+    if torch.cuda.is_initialized():  # noise drawn on the GPU (diffusion's training noise)
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = state
     save_file(tensors, str(tmp / "trainer.safetensors"))
     numpy_state = np.random.get_state()  # noqa: NPY002 (the global RNG seed_everything seeds)
     state = {
@@ -83,6 +86,10 @@ def load_checkpoint(
     try:
         tensors = load_file(str(path / "trainer.safetensors"))
         torch.set_rng_state(tensors.pop("rng.torch"))
+        for name in [k for k in tensors if k.startswith("rng.cuda.")]:
+            rng, device = tensors.pop(name), int(name.removeprefix("rng.cuda."))
+            if torch.cuda.is_available() and device < torch.cuda.device_count():
+                torch.cuda.set_rng_state(rng, device)
         optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
         scheduler.load_state_dict(state["scheduler"])
         version, internal, gauss = state["rng"]["python"]

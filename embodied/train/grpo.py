@@ -247,7 +247,7 @@ def monitor_warning(iteration: int, corr: float, first: float | None, warn: floa
 def train_grpo(cfg: GRPOConfig) -> RunDir:
     """Run GRPO; return the run directory (final policy in ``policy/``)."""
 
-    device = begin(cfg)
+    device = begin(cfg, exact_float32=True)
     policy = load_policy(cfg.policy, cfg.policy_overrides, device)
     policy.eval()  # no dropout: sampling and recomputation must see the same network
     reference = copy.deepcopy(policy).requires_grad_(False) if cfg.kl_coef > 0 else None

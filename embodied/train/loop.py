@@ -35,12 +35,20 @@ from embodied.train.optim import make_optimizer
 MAY_CHANGE_ON_RESUME = ("resume", "out", "name", "device")
 
 
-def begin(cfg: Any) -> torch.device:
+def begin(cfg: Any, exact_float32: bool = False) -> torch.device:
     """Check ``cfg`` (``embodied.core.config.validate``), seed every generator, resolve the
-    device: what every job does before it builds anything."""
+    device: what every job does before it builds anything.
+
+    ``exact_float32`` (the RL jobs): on CUDA, convolutions run in full float32 rather than
+    cuDNN's default TF32. A policy's log-probs at sampling and at recomputation (other batch
+    shapes, other kernels) must agree to ~1e-3; TF32's 10-bit mantissa moved a pixel planner's
+    ratio by 0.04 before any update. Matrix products are full float32 by torch's default."""
     validate(cfg)
     seed_everything(cfg.seed)
-    return resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
+    if exact_float32 and device.type == "cuda":
+        torch.backends.cudnn.allow_tf32 = False
+    return device
 
 
 def resolve_device(device: str) -> torch.device:

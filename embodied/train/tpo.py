@@ -114,7 +114,7 @@ def decisions_of(data: Any, trajectories: list[int]) -> Any:
 
 def train_tpo(cfg: TPOConfig) -> RunDir:
     """Run TPO; return the run directory (final policy in ``policy/``)."""
-    device = begin(cfg)
+    device = begin(cfg, exact_float32=True)
     policy = onpolicy.load_policy(cfg.policy, cfg.policy_overrides, device).eval()
     initial = copy.deepcopy(policy).requires_grad_(False) if cfg.reference == "initial" else None
     reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
