@@ -79,6 +79,30 @@ def test_resume_continues_exactly(drawer_states: Path, tmp_path: Path) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_init_policy_continues_a_saved_policy_on_other_data(
+    drawer_states: Path, tmp_path: Path
+) -> None:
+    """``init_policy``: training starts from the saved policy's weights and keeps its
+    normalisation, though the new data (noisy, DAgger-like) has other statistics; a policy of
+    another type than ``policy`` names is refused."""
+    first = train_bc(_mlp_config(drawer_states, tmp_path / "a", steps=20, eval_episodes=0))
+    noisy = tmp_path / "noisy"
+    run_collect(CollectConfig(task="DrawerOpen", episodes=3, out=str(noisy), obs_mode="state",
+                              noise=0.5, seed=50))  # fmt: skip
+    saved = first.path / "policy"
+    cfg = _mlp_config(noisy, tmp_path / "b", steps=3, eval_episodes=0, init_policy=str(saved))
+    cfg.optim.lr, cfg.optim.weight_decay = 0.0, 0.0  # no update: the result is the start
+    again = train_bc(cfg)
+    a = Policy.from_pretrained(saved).state_dict()
+    b = Policy.from_pretrained(again.path / "policy").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    fresh = train_bc(_mlp_config(noisy, tmp_path / "c", steps=1, eval_episodes=0))
+    c = Policy.from_pretrained(fresh.path / "policy").state_dict()
+    assert any(not torch.equal(a[k], c[k]) for k in a if "normal" in k)  # other data, other stats
+    with pytest.raises(ValueError, match="is a 'mlp' policy, but policy = 'diffusion'"):
+        train_bc(_mlp_config(noisy, tmp_path / "d", policy="diffusion", init_policy=str(saved)))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_checkpoint_restores_the_gpu_generator(tmp_path: Path) -> None:
     """Diffusion BC draws its training noise from the GPU's generator: a run resumed from a

@@ -18,7 +18,7 @@ from embodied.core.trajectory import TrajectoryBuilder
 from embodied.evaluation.results import summarize, wilson_interval
 from embodied.evaluation.suite import EvalConfig, run_eval, suite_tasks
 from embodied.evaluation.video import annotate_frames
-from embodied.rollout.episodes import ExpertActor, rollout_vector
+from embodied.rollout.episodes import ExpertActor, ExpertLabels, rollout_vector
 
 
 def _wilson_by_hand(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -139,6 +139,66 @@ def test_expert_labels_are_recorded_while_the_noisy_action_is_executed() -> None
     assert np.abs(executed - clean).max() > 0.05
     with pytest.raises(ValueError, match="record must be"):
         ExpertActor(vec, record="clean")
+
+
+def test_dagger_labels_are_the_experts_actions_at_the_states_the_policy_reached() -> None:
+    """``ExpertLabels``: the wrapped actor drives and is told of resets; the trajectory holds the
+    scripted expert's action at each state it reached, which a replay of the executed actions
+    reproduces exactly."""
+
+    class Driver:
+        """Drives the hand along +x and +y, remembering what it did and when it was reset."""
+
+        def __init__(self) -> None:
+            self.executed: list[np.ndarray] = []
+            self.resets = 0
+
+        def reset(self, envs, instructions, episodes=None) -> None:
+            self.resets += 1
+
+        def __call__(self, obs):
+            self.executed.append(np.array([1.0, 0.5, 0.0, 0.0], np.float32))
+            return self.executed[-1][None]
+
+    driver = Driver()
+    vec = sims.make_vec_env("Push", 1, autoreset_mode="disabled", obs_mode="state")
+    try:
+        (traj,) = rollout_vector(vec, ExpertLabels(driver, vec), [3])
+    finally:
+        vec.close()
+    env = sims.make("Push", obs_mode="state")
+    try:
+        env.reset(seed=3)
+        expert = []
+        for action in driver.executed[: traj.length]:
+            expert.append(env.get_wrapper_attr("scripted_action")())
+            env.step(action)
+    finally:
+        env.close()
+    assert driver.resets >= 1
+    np.testing.assert_array_equal(traj.actions, np.stack(expert))
+    assert np.abs(traj.actions - np.stack(driver.executed[: traj.length])).max() > 0.1
+
+
+def test_eval_records_dagger_data_only_into_a_dataset(tmp_path: Path) -> None:
+    """``record_actions=expert`` writes the expert's action at each state the evaluated policy
+    reached; without ``--record`` there is nothing to label, which is refused."""
+    from embodied.datasets import LeRobotDataset
+
+    data = tmp_path / "dagger"
+    assert main(["eval", "--policy", "random", "--tasks", "Reach", "--episodes", "2", "--seed",
+                 "5", "--videos", "0", "--out", str(tmp_path), "--record", str(data),
+                 "record_actions=expert", "env.obs_mode=state"]) == 0  # fmt: skip
+    dataset = LeRobotDataset(data)
+    first = dataset.episode_frames(1, keys=["action"])["action"][0]
+    env = sims.make("Reach", obs_mode="state")
+    try:
+        env.reset(seed=6)
+        np.testing.assert_allclose(first, env.get_wrapper_attr("scripted_action")(), atol=1e-6)
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="record_actions = 'expert' labels the episodes --record"):
+        run_eval(EvalConfig(policy="random", tasks=["Reach"], record_actions="expert"))
 
 
 def test_eval_expert_and_random_write_a_complete_report(tmp_path: Path, capsys) -> None:

@@ -13,6 +13,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,14 @@ from embodied.core.run import RunDir, progress_bar, seed_everything
 from embodied.evaluation.report import write_eval_report
 from embodied.evaluation.results import EvalResult, summarize
 from embodied.evaluation.video import annotate_frames, encoder_available, write_video
-from embodied.rollout.episodes import ExpertActor, PolicyActor, RandomActor, rollout_vector
+from embodied.rollout.episodes import (
+    RECORDS,
+    ExpertActor,
+    ExpertLabels,
+    PolicyActor,
+    RandomActor,
+    rollout_vector,
+)
 from embodied.rollout.matching import check_policy_env, env_options
 from embodied.rollout.recording import open_episode_writer
 from embodied.sims.metaworld import expand_presets
@@ -152,6 +160,9 @@ class EvalConfig:
     seed: int = seed_setting(100_000)  # held out: demonstrations use seeds from 0
     videos: int = setting(1, low=0)  # episodes per task saved as MP4 (instruction, progress)
     record: str = ""  # a LeRobot dataset to write (or append) every episode to, e.g. reward data
+    # The actions --record writes: the executed ones, or the scripted expert's at each state the
+    # policy reaches (DAgger data for `embodied train bc ... init_policy=<this policy>`)
+    record_actions: str = setting("executed", choices=RECORDS)
     sample: bool = False  # a saved policy samples as in RL rollouts instead of acting greedily
     env: dict[str, Any] = field(default_factory=dict)  # env options on top of the policy's
     workers: int = setting(1, low=1)
@@ -166,6 +177,9 @@ class EvalConfig:
             raise ValueError(f"videos = {self.videos}: expected at most episodes = {self.episodes}")
         if self.seed + self.episodes - 1 > SEED_MAX:
             raise ValueError(f"seed = {self.seed}: seed + episodes - 1 must be <= {SEED_MAX}")
+        if self.record_actions == "expert" and not self.record:
+            raise ValueError("record_actions = 'expert' labels the episodes --record writes: "
+                             "name the dataset with --record")  # fmt: skip
 
 
 def suite_tasks(suite: str, tasks: Sequence[str] = ()) -> list[str]:
@@ -210,12 +224,19 @@ def _actor_factory(cfg: EvalConfig) -> tuple[Callable[[Any], Any], Any]:
     )
 
 
+def _expert_labelled(make_actor: Callable[[Any], Any], vec: Any) -> ExpertLabels:
+    """``make_actor(vec)``'s actor acting, the scripted expert labelling (DAgger)."""
+    return ExpertLabels(make_actor(vec), vec)
+
+
 def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
     """Evaluate on every task; write ``results.json``, ``report.md``, plots, videos and
     ``report.html`` into a new run directory. Return the run and the per-task results."""
     validate(cfg)
     tasks = suite_tasks(cfg.suite, cfg.tasks)
     make_actor, policy = _actor_factory(cfg)
+    if cfg.record_actions == "expert":
+        make_actor = partial(_expert_labelled, make_actor)
     env_kwargs = (
         env_options(policy.observation_spec)
         if policy is not None

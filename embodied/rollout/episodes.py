@@ -318,6 +318,23 @@ class ExpertActor:
         return add_action_noise(clean, self.noise, self.rng)
 
 
+class ExpertLabels:
+    """Another actor acts; the scripted expert's actions at the states it reaches are recorded
+    (``labels``): DAgger data (Ross et al. 2011), the expert's corrections along the learner's
+    own mistakes. Everything else (``reset``, ``outputs``) is the wrapped actor's."""
+
+    def __init__(self, actor: Any, vec: gym.vector.VectorEnv) -> None:
+        self.actor, self.vec = actor, vec
+
+    def __call__(self, obs: Any) -> np.ndarray:
+        """The wrapped actor's actions ``[num_envs, A]``; the expert's in ``labels``."""
+        self.labels = np.stack(self.vec.call("scripted_action")).astype(np.float32)
+        return self.actor(obs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.actor, name)
+
+
 class RandomActor:
     """Uniform random actions in the vector env's action box."""
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 import embodied.policies  # noqa: F401  (registers the built-in policy types)
 from embodied.core.config import seed_setting, setting
@@ -23,7 +24,7 @@ from embodied.datasets import LeRobotDataset
 from embodied.datasets.training import BCDataset, normalization_stats
 from embodied.evaluation.suite import evaluate_policy
 from embodied.rollout.matching import env_options
-from embodied.train.loop import Trainer, batch_indices, begin, collate, to_device
+from embodied.train.loop import Trainer, batch_indices, begin, collate, load_policy, to_device
 from embodied.train.optim import OptimConfig
 
 MEMORY_SHARE = 0.5  # a batch may take at most this share of the machine's memory
@@ -53,6 +54,9 @@ class BCConfig:
     save_every: int = setting(1000, low=1)
     log_every: int = setting(50, low=1)
     resume: str = ""  # a run directory to continue from its latest checkpoint
+    # A saved policy to start from instead of a new one: its config, weights and normalisation
+    # are kept (a DAgger round on more data, or fine-tuning); policy must name its type.
+    init_policy: str = ""
 
 
 def build_policy(cfg: BCConfig, dataset: LeRobotDataset) -> Policy:
@@ -72,6 +76,28 @@ def build_policy(cfg: BCConfig, dataset: LeRobotDataset) -> Policy:
               *policy.observation_spec.cameras)  # fmt: skip
     keys = [k for k in wanted if k in dataset.stats]
     policy.fit_normalizers(normalization_stats(dataset, keys))
+    return policy
+
+
+def start_policy(cfg: BCConfig, dataset: LeRobotDataset, device: torch.device) -> Policy:
+    """The policy to train: a new one (``build_policy``), or the saved ``init_policy`` with
+    ``policy_overrides`` applied; a type, ``n_obs_steps`` or ``horizon`` that differs from the
+    saved one is an error naming both."""
+    if not cfg.init_policy:
+        return build_policy(cfg, dataset).to(device)
+    policy = load_policy(cfg.init_policy, cfg.policy_overrides, device)
+    if policy.policy_type != cfg.policy:
+        raise ValueError(
+            f"init_policy={cfg.init_policy!r} is a {policy.policy_type!r} policy, but "
+            f"policy = {cfg.policy!r}"
+        )
+    built = {"n_obs_steps": policy.observation_spec.n_obs_steps, "horizon": policy.bc_horizon}
+    for key, saved in built.items():
+        asked = getattr(cfg, key)
+        if asked is not None and asked != saved:
+            raise ValueError(
+                f"{key} = {asked}, but init_policy={cfg.init_policy!r} was built with {saved}"
+            )
     return policy
 
 
@@ -101,7 +127,7 @@ def train_bc(cfg: BCConfig) -> RunDir:
             f"{cfg.dataset}: its episodes do not name the task they were recorded on (no "
             "'task_name' column: a dataset LeRobot wrote); set eval_task=TASK or eval_episodes=0"
         )
-    policy = build_policy(cfg, dataset).to(device)
+    policy = start_policy(cfg, dataset, device)
     spec = policy.observation_spec
     windows = BCDataset(dataset, spec.n_obs_steps, policy.bc_horizon, keys=policy.training_keys())
     check_batch_memory(cfg, windows)

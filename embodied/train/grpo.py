@@ -55,7 +55,7 @@ from embodied.core.reward import ProgressScore
 from embodied.core.run import RunDir
 from embodied.rewards.models import PrivilegedProgress, make_reward_model
 from embodied.rewards.returns import TrajectoryScore
-from embodied.train.loop import Trainer, begin
+from embodied.train.loop import Trainer, begin, load_policy
 from embodied.train.onpolicy import (
     OnPolicyConfig,
     TaskGroups,
@@ -66,7 +66,6 @@ from embodied.train.onpolicy import (
     env_kwargs,
     evaluate_online,
     finish_iteration,
-    load_policy,
     mean_stats,
     task_names,
     trajectory_totals,

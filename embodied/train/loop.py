@@ -16,6 +16,7 @@ corrupt one with a warning.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ import torch
 
 from embodied.core.config import ConfigError, config_to_dict, load_config, validate
 from embodied.core.run import CONFIG_FILE, MetricsLogger, RunDir, progress_bar, seed_everything
+from embodied.policies import Policy
 from embodied.train.checkpoints import CHECKPOINT_PREFIX, load_checkpoint, save_checkpoint
 from embodied.train.optim import make_optimizer
 
@@ -63,6 +65,24 @@ def resolve_device(device: str) -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r}, but CUDA is not available here (use auto or cpu)")
     return resolved
+
+
+def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> Any:
+    """A saved policy to train on (GRPO, TPO, BC's ``init_policy``), with ``overrides`` applied
+    to its config (weights unchanged); an override its config lacks is an error naming it."""
+    policy = Policy.from_pretrained(path)
+    if overrides:
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(policy.config)}
+        if unknown:
+            raise ValueError(
+                f"policy_overrides names {sorted(unknown)}, which the {policy.policy_type} "
+                "config does not have"
+            )
+        config = dataclasses.replace(policy.config, **overrides)
+        rebuilt = type(policy)(config)
+        rebuilt.load_state_dict(policy.state_dict())
+        policy = rebuilt
+    return policy.to(device)
 
 
 def open_run(cfg: Any, recorded: Any = None) -> RunDir:

@@ -6,7 +6,6 @@ checkpoint)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -81,23 +80,6 @@ def task_names(cfg: OnPolicyConfig) -> list[str]:
     if len(set(names)) != len(names):
         raise ValueError(f"tasks {names} name a task more than once")
     return names
-
-
-def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> Any:
-    """The starting policy with ``policy_overrides`` applied to its config (weights unchanged)."""
-    policy = Policy.from_pretrained(path)
-    if overrides:
-        unknown = set(overrides) - {f.name for f in dataclasses.fields(policy.config)}
-        if unknown:
-            raise ValueError(
-                f"policy_overrides names {sorted(unknown)}, which the {policy.policy_type} "
-                "config does not have"
-            )
-        config = dataclasses.replace(policy.config, **overrides)
-        rebuilt = type(policy)(config)
-        rebuilt.load_state_dict(policy.state_dict())
-        policy = rebuilt
-    return policy.to(device)
 
 
 def env_kwargs(

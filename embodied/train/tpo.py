@@ -43,7 +43,7 @@ from embodied.rewards.models import REWARD_TYPES, make_reward_model
 from embodied.rewards.returns import OBJECTIVES, TrajectoryScore, preference_pairs
 from embodied.rollout.backends import make_rollouts
 from embodied.train import onpolicy
-from embodied.train.loop import Trainer, begin
+from embodied.train.loop import Trainer, begin, load_policy
 from embodied.train.onpolicy import OnPolicyConfig
 
 
@@ -115,7 +115,7 @@ def decisions_of(data: Any, trajectories: list[int]) -> Any:
 def train_tpo(cfg: TPOConfig) -> RunDir:
     """Run TPO; return the run directory (final policy in ``policy/``)."""
     device = begin(cfg, exact_float32=True)
-    policy = onpolicy.load_policy(cfg.policy, cfg.policy_overrides, device).eval()
+    policy = load_policy(cfg.policy, cfg.policy_overrides, device).eval()
     initial = copy.deepcopy(policy).requires_grad_(False) if cfg.reference == "initial" else None
     reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
     tasks = onpolicy.task_names(cfg)
