@@ -353,7 +353,11 @@ def test_collect_checks_its_settings_before_any_rollout(tmp_path: Path, capsys) 
         ),
         (["fps=30"], r"fps: the dataset at .* is recorded at 16 fps but this run asks for 30"),
         (["lossless=true"], r"lossless: the dataset at .* stores lossy videos"),
-        (["obs_mode=pixels"], r"obs_mode/cameras: this run records the observations"),
+        (
+            ["obs_mode=pixels"],
+            r"obs_mode/cameras: this run records the observations .* missing "
+            r"\['observation\.environment_state'\], extra \[\] \(obs_mode=pixels_state records it",
+        ),
         (
             ["--seed", "4294967295", "--episodes", "2"],
             r"seed = 4294967295: episodes use seeds up to seed \+ episodes - 1, which must be "

@@ -332,6 +332,8 @@ class ExpertLabels:
         return self.actor(obs)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "actor":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self.actor, name)
 
 

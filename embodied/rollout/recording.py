@@ -9,7 +9,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from embodied.core.features import observation_feature
+from embodied.core.features import ENV_STATE_KEY, observation_feature
 from embodied.datasets import LeRobotDatasetWriter
 
 
@@ -62,9 +62,15 @@ def check_observations(features: dict[str, Any], env: Any, out: Path) -> None:
 
     walk(env.observation_space, ())
     if set(ours) != set(recorded):
+        missing, extra = sorted(set(recorded) - set(ours)), sorted(set(ours) - set(recorded))
+        hint = (
+            " (obs_mode=pixels_state records it; eval: env.obs_mode=pixels_state)"
+            if ENV_STATE_KEY in missing
+            else ""
+        )
         raise ValueError(
             f"obs_mode/cameras: this run records the observations {sorted(ours)} but the dataset "
-            f"at {out} has {sorted(recorded)}"
+            f"at {out} has {sorted(recorded)}: missing {missing}, extra {extra}{hint}"
         )
     for name, shape in ours.items():
         if shape != recorded[name]:
