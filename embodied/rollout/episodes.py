@@ -293,6 +293,12 @@ class PolicyActor:
         )
 
 
+def expert_actions(vec: gym.vector.VectorEnv) -> np.ndarray:
+    """The scripted experts' actions ``[num_envs, A]`` at the sub-envs' current states (computed
+    inside the workers, from privileged state)."""
+    return np.stack(vec.call("scripted_action")).astype(np.float32)
+
+
 class ExpertActor:
     """The scripted experts of a vector env's sub-envs (run inside the workers, privileged), with
     Gaussian action noise added here. ``record="expert"`` keeps the clean actions of each call
@@ -312,7 +318,7 @@ class ExpertActor:
 
     def __call__(self, obs: Any) -> np.ndarray:
         """Noisy expert actions ``[num_envs, A]``."""
-        clean = np.stack(self.vec.call("scripted_action")).astype(np.float32)
+        clean = expert_actions(self.vec)
         if self.record == "expert":
             self.labels = clean
         return add_action_noise(clean, self.noise, self.rng)
@@ -328,7 +334,7 @@ class ExpertLabels:
 
     def __call__(self, obs: Any) -> np.ndarray:
         """The wrapped actor's actions ``[num_envs, A]``; the expert's in ``labels``."""
-        self.labels = np.stack(self.vec.call("scripted_action")).astype(np.float32)
+        self.labels = expert_actions(self.vec)
         return self.actor(obs)
 
     def __getattr__(self, name: str) -> Any:
