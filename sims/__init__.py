@@ -25,7 +25,12 @@ from embodied.sims.registry import (  # noqa: E402
     task_id,
     unregister_task,
 )
-from embodied.sims.replay import ReplayFrames, attach_replay_frames, supports_render_state  # noqa: E402
+from embodied.sims.replay import (  # noqa: E402
+    ReplayFrames,
+    attach_replay_frames,
+    skips_unread_images,
+    supports_render_state,
+)
 from embodied.sims.tasks.base import Task  # noqa: E402
 from embodied.sims.vector import enter_worker, grouped_seeds, make_vec_env, task_module  # noqa: E402
 
@@ -46,6 +51,7 @@ __all__ = [
     "make_vec_env",
     "register_task",
     "suite_of",
+    "skips_unread_images",
     "supports_render_state",
     "task_id",
     "task_module",

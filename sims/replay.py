@@ -21,8 +21,16 @@ _replay_envs: dict[tuple[str, str], Any] = {}  # (task, options) -> [env, seed i
 
 
 def supports_render_state(task: str) -> bool:
-    """Whether ``task``'s env can record render states (the tabletop suite)."""
+    """Whether ``task``'s env can record render states and skip camera images on request
+    (``render_images``): the tabletop suite."""
     return suite_of(task) == "tabletop"
+
+
+def skips_unread_images(env_kwargs: dict[str, Any]) -> bool:
+    """Whether a rollout on an env built with ``env_kwargs`` may leave the camera images no
+    policy reads unrendered (``rollout_vector(skip_unread_images=True)``): a camera env that
+    records render states, so any frame can be replayed when read."""
+    return bool(env_kwargs.get("render_state")) and env_kwargs.get("obs_mode") != "state"
 
 
 def attach_replay_frames(trajectories: list[Any], task: str, env_kwargs: dict[str, Any]) -> None:
@@ -39,18 +47,25 @@ def attach_replay_frames(trajectories: list[Any], task: str, env_kwargs: dict[st
 
 
 class ReplayFrames:
-    """The first camera's images of one episode, rendered from its recorded render states when
-    indexed (an int gives ``[H, W, 3]``, a slice or index array ``[k, H, W, 3]``)."""
+    """One camera's images of one episode (by default the env's first camera), rendered from its
+    recorded render states when indexed (an int gives ``[H, W, 3]``, a slice or index array
+    ``[*index.shape, H, W, 3]``)."""
 
     def __init__(
-        self, task: str, env_kwargs: dict[str, Any], seed: int | None, states: np.ndarray
+        self,
+        task: str,
+        env_kwargs: dict[str, Any],
+        seed: int | None,
+        states: np.ndarray,
+        camera: str | None = None,
     ) -> None:
-        """``env_kwargs``: options of the env that renders (its camera and image size);
+        """``env_kwargs``: options of the env that renders (its cameras and image size);
         ``states``: ``[T+1, S]`` render states, the reset's first."""
         if seed is None:
             raise ValueError("replaying an episode needs the seed it was reset with")
         self.task, self.env_kwargs, self.seed = task, dict(env_kwargs), int(seed)
         self.states = np.asarray(states, dtype=np.float64)
+        self.camera = camera
         # Imported here: importing embodied.sims must not load MuJoCo (conventions does).
         from embodied.sims.conventions import image_shape
         from embodied.sims.tabletop import DEFAULT_IMAGE_SIZE
@@ -65,9 +80,16 @@ class ReplayFrames:
     def __getitem__(self, index: Any) -> np.ndarray:
         picks = np.arange(len(self))[index]
         env = self._env()
+        images = [env.render_state_image(self.states[i], self.camera) for i in np.ravel(picks)]
         if np.ndim(picks) == 0:
-            return env.render_state_image(self.states[picks])
-        return np.stack([env.render_state_image(self.states[i]) for i in picks])
+            return images[0]
+        out = np.empty((*np.shape(picks), *self.shape[1:]), dtype=self.dtype)
+        out.reshape(-1, *self.shape[1:])[:] = images if images else 0
+        return out
+
+    def for_camera(self, camera: str | None) -> ReplayFrames:
+        """The same episode seen by ``camera`` (None: the env's first camera)."""
+        return ReplayFrames(self.task, self.env_kwargs, self.seed, self.states, camera)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         """Every frame (renders them all)."""

@@ -16,6 +16,11 @@ goal.target_z``. It serves state policies that read no language (LeRobot's diffu
 ``render_state=True`` adds ``info["render_state"]`` at the reset and every step: the kinematic
 state (joint positions, mocap poses) that the step's camera images show, so ``render_state_image``
 re-renders them exactly later without rendering every step (``embodied.sims.replay``).
+
+``render_images`` (an attribute, True by default) set to False makes the next ``step`` skip its
+camera images: they come back black. A rollout clears it before the steps no policy reads (a
+diffusion planner reads one observation in ``n_action_steps``); each step sets it back to True, so
+every other step and every reset renders.
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ class TabletopEnv(gym.Env):
         self.goal_cycle = goal_cycle
         self.goal_state = goal_state
         self.render_state = render_state
+        self.render_images = True  # False: the next step's camera images are black (see above)
         self._replay_data: mujoco.MjData | None = None
 
         self.model = mujoco.MjModel.from_xml_path(str(ASSET))
@@ -163,6 +169,7 @@ class TabletopEnv(gym.Env):
         """Apply one 4-D action for ``frame_skip`` physics steps."""
         self._guard.check()
         action = checked_action(action)
+        render, self.render_images = self.render_images, True
 
         ctrl = self._ctrl
         setpoint = self.scene.qpos[self.scene.arm] + action[:3] * self.action_scale
@@ -191,7 +198,7 @@ class TabletopEnv(gym.Env):
             self._guard.update(terminated=False, truncated=True)
             if self.render_state:  # MuJoCo reset the state: the images show the reset one
                 info["render_state"] = self._kinematic_state()
-            return self._observation(evaluation), 0.0, False, True, info
+            return self._observation(evaluation, render), 0.0, False, True, info
 
         evaluation = self.task.evaluate(self.scene, self.goal)
         reward = float(evaluation.success)
@@ -200,7 +207,7 @@ class TabletopEnv(gym.Env):
         info = self._info(evaluation, collisions=self._count_collisions())
         if shown is not None:
             info["render_state"] = shown
-        return self._observation(evaluation), reward, terminated, False, info
+        return self._observation(evaluation, render), reward, terminated, False, info
 
     @property
     def feature_names(self) -> dict[str, list[str]]:
@@ -217,10 +224,10 @@ class TabletopEnv(gym.Env):
             return None
         return self._renderer.render(self.data, self.cameras[0])
 
-    def render_state_image(self, state: np.ndarray) -> np.ndarray:
-        """The first camera's image of a ``render_state`` recorded in this episode (after the
-        same reset: the layout and colours come from the seed), rendered from a scratch copy of
-        the physics so the episode's own state is untouched."""
+    def render_state_image(self, state: np.ndarray, camera: str | None = None) -> np.ndarray:
+        """``camera``'s image (default: the first camera's) of a ``render_state`` recorded in this
+        episode (after the same reset: the layout and colours come from the seed), rendered from
+        a scratch copy of the physics so the episode's own state is untouched."""
         data = self._replay_data
         if data is None:
             data = self._replay_data = mujoco.MjData(self.model)
@@ -232,7 +239,7 @@ class TabletopEnv(gym.Env):
         data.mocap_pos[:] = state[nq : nq + 3 * nmocap].reshape(nmocap, 3)
         data.mocap_quat[:] = state[nq + 3 * nmocap :].reshape(nmocap, 4)
         mujoco.mj_forward(self.model, data)
-        return self._renderer.render(data, self.cameras[0])
+        return self._renderer.render(data, self.cameras[0] if camera is None else camera)
 
     def close(self) -> None:
         """Release the renderer's GL context."""
@@ -256,13 +263,17 @@ class TabletopEnv(gym.Env):
         data = self.data
         return np.concatenate([data.qpos, data.mocap_pos.ravel(), data.mocap_quat.ravel()])
 
-    def _observation(self, evaluation: Evaluation) -> dict[str, Any]:
+    def _observation(self, evaluation: Evaluation, render: bool = True) -> dict[str, Any]:
         scene = self.scene
         agent_pos = np.empty(4, dtype=np.float32)
         agent_pos[:3], agent_pos[3] = scene.ee_pos(), scene.gripper_gap()
         obs: dict[str, Any] = {"agent_pos": agent_pos}
         if self.obs_mode != "state":
-            images = {c: self._renderer.render(self.data, c) for c in self.cameras}
+            if render:
+                images = {c: self._renderer.render(self.data, c) for c in self.cameras}
+            else:
+                shape = (self._renderer.height, self._renderer.width, 3)
+                images = {c: np.zeros(shape, dtype=np.uint8) for c in self.cameras}
             obs["pixels"] = pixels_observation(images, DEFAULT_CAMERA)
         if self.obs_mode != "pixels":
             state = scene.environment_state()

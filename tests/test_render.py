@@ -50,3 +50,59 @@ def test_replayed_frames_are_the_frames_the_rollout_showed() -> None:
         assert replayed.dtype == np.uint8 and traj.frames.shape == shown.shape
         np.testing.assert_array_equal(replayed, shown)
         np.testing.assert_array_equal(traj.frames[len(shown) // 2], shown[len(shown) // 2])
+
+
+def test_a_camera_policy_rollout_renders_only_the_images_its_policy_reads() -> None:
+    """``skip_unread_images``: the same episodes, actions and decision windows as rendering every
+    step; the skipped images are black and listed, the reward model's frames (any camera) come
+    back replayed pixel for pixel, and a window over a black image is refused."""
+    import numpy as np
+    import pytest
+    import torch
+
+    import embodied.sims as sims
+    from embodied.core.reward import camera_frames
+    from embodied.policies import make_policy
+    from embodied.rollout.episodes import PolicyActor, decision_windows, rollout_vector
+
+    torch.manual_seed(0)
+    policy = make_policy(
+        "diffusion", state_dim=4, action_dim=4, image_size=16, n_obs_steps=2, horizon=8,
+        image_keys=["observation.images.front", "observation.images.wrist"], n_action_steps=4,
+        down_dims=[8, 16], vision_channels=[4, 8], num_keypoints=4, num_inference_steps=2,
+    )  # fmt: skip
+    stats = {"mean": np.zeros(4), "std": np.ones(4)}
+    policy.fit_normalizers({"observation.state": stats, "action": {"min": -np.ones(4),
+                            "max": np.ones(4)}}).eval()  # fmt: skip
+    kwargs = {"obs_mode": "pixels", "image_size": 16, "cameras": ["front", "wrist"],
+              "render_state": True, "max_episode_steps": 10}  # fmt: skip
+    assert sims.skips_unread_images(kwargs)
+    runs = {}
+    for skip in (False, True):
+        vec = sims.make_vec_env("DrawerOpen", 2, autoreset_mode="disabled", **kwargs)
+        try:
+            actor = PolicyActor(policy, 2, deterministic=False, seed=1, record=True)
+            trajs = list(rollout_vector(vec, actor, [4, 5, 6], skip_unread_images=skip))
+        finally:
+            vec.close()
+        trajs = sorted(trajs, key=lambda t: t.seed)
+        sims.attach_replay_frames(trajs, "DrawerOpen", kwargs)
+        runs[skip] = trajs
+    for full, lazy in zip(runs[False], runs[True], strict=True):
+        np.testing.assert_array_equal(full.actions, lazy.actions)
+        skipped = lazy.metadata["unrendered"]
+        read = np.unique(np.asarray(lazy.decision_steps)[:, None] + [-1, 0])
+        assert "unrendered" not in full.metadata and skipped and not set(skipped) & set(read)
+        for camera in ("front", "wrist"):
+            images = full.observations["pixels"][camera]
+            assert not lazy.observations["pixels"][camera][skipped].any()
+            kept = np.setdiff1d(np.arange(len(images)), skipped)
+            np.testing.assert_array_equal(lazy.observations["pixels"][camera][kept], images[kept])
+            frames = camera_frames(lazy, f"observation.images.{camera}")
+            np.testing.assert_array_equal(frames[np.arange(len(images))], images)
+        for key, window in decision_windows(full, policy.observation_spec).items():
+            np.testing.assert_array_equal(decision_windows(lazy, policy.observation_spec)[key],
+                                          window)  # fmt: skip
+    lazy.metadata["unrendered"].append(int(lazy.decision_steps[0]))
+    with pytest.raises(ValueError, match="whose camera images the rollout did not render"):
+        decision_windows(lazy, policy.observation_spec)

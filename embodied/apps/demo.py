@@ -307,19 +307,21 @@ def _evaluate(
     """Greedy evaluation on the held-out seeds, with videos; the reward model's progress of every
     episode comes back beside the privileged result, and the first episode's scored frames."""
 
+    options = env_kwargs(task, policy, reward_model)  # the reward model's camera: scores, videos
     result, trajs = evaluate_task(
         root,
         task,
         lambda vec: PolicyActor(policy, vec.num_envs, deterministic=True, seed=cfg.eval_seed),
         cfg.eval_episodes,
         cfg.eval_seed,
-        env_kwargs(task, policy, reward_model),  # the reward model's camera: scores and videos
+        options,
         workers=min(cfg.eval_envs, cfg.eval_episodes),
         videos=cfg.videos,
         fps=cfg.fps,
         asynchronous=False,
         prefix=f"{prefix}-",
         check=policy_check(policy, task),
+        skip_unread_images=sims.skips_unread_images(options),  # scored frames are replayed
     )
     scores = reward_model.score(trajs)
     pick = evenly_spaced(trajs[0].length + 1, reward_model.frames)  # the frames it scored

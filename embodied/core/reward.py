@@ -13,11 +13,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from embodied.core.features import (
+    CAMERA_PREFIX,
     IMAGE_KEY,
     env_observation_features,
     is_image_key,
@@ -61,9 +62,13 @@ def camera_frames(trajectory: Trajectory, image_key: str | None = None) -> np.nd
     (ValueError naming the cameras there are when it is missing; a named camera is the only
     image of an env built with just that one, as for a policy), by default the first camera (its
     only camera, or ``front`` before ``wrist``). Without a camera among the observations, the
-    rollout's ``frames`` (the first camera's renders, possibly rendered only when indexed)."""
+    rollout's ``frames`` (the first camera's renders, possibly rendered only when indexed). A
+    rollout that rendered only the images its policy read (``metadata["unrendered"]``) gives the
+    camera's frames replayed from its render states (``frames.for_camera``)."""
     features = env_observation_features(trajectory.observations)
     cameras = [k for k in features if is_image_key(k)]
+    if cameras and trajectory.metadata.get("unrendered"):
+        return _replayed(trajectory, image_key, cameras)
     if not cameras and trajectory.frames is not None:
         return trajectory.frames  # rendered from the camera the rollout env was given
     if not cameras:
@@ -77,6 +82,23 @@ def camera_frames(trajectory: Trajectory, image_key: str | None = None) -> np.nd
     if key not in features:
         raise ValueError(f"the reward model scores {image_key}; the trajectory has {cameras}")
     return features[key]
+
+
+def _replayed(trajectory: Trajectory, image_key: str | None, cameras: list[str]) -> Any:
+    """The frames of ``image_key`` (default: the first camera) of a rollout whose unread images
+    were not rendered, replayed from its render states."""
+    replay = getattr(trajectory.frames, "for_camera", None)
+    if replay is None:
+        raise ValueError(
+            f"the episode (seed {trajectory.seed}) rendered only the images its policy read and "
+            "has no render states to replay the others: roll it out with render_state=True"
+        )
+    key = image_key if image_key is not None else cameras[0]
+    if image_key is not None:
+        key = one_camera_alias([image_key], cameras).get(image_key, image_key)
+        if key not in cameras:
+            raise ValueError(f"the reward model scores {image_key}; the trajectory has {cameras}")
+    return replay(key.removeprefix(CAMERA_PREFIX) if key.startswith(CAMERA_PREFIX) else None)
 
 
 def evenly_spaced(length: int, count: int) -> np.ndarray:

@@ -52,11 +52,14 @@ def rollout_task(
     videos: int = 0,
     check: Callable[[Any], None] | None = None,
     asynchronous: bool | None = None,
+    skip_unread_images: bool = False,
 ) -> list[Any]:
     """Trajectories of ``episodes`` rollouts on seeds ``seed..``, in seed order; ``make_actor(vec)``
     builds the batched actor, ``check(vec)`` may refuse the env before any step.
     ``workers`` sub-envs run in their own processes unless ``asynchronous=False`` (one process,
-    still one batched policy call for all of them)."""
+    still one batched policy call for all of them). ``skip_unread_images`` as in
+    ``rollout_vector`` (on a tabletop task only: its envs have the switch)."""
+    skip_unread_images = skip_unread_images and sims.supports_render_state(task)
     asynchronous = workers > 1 if asynchronous is None else asynchronous
     vec = sims.make_vec_env(
         task, workers, asynchronous=asynchronous, autoreset_mode="disabled", **env_kwargs
@@ -66,7 +69,14 @@ def rollout_task(
             check(vec)
         seeds = [seed + e for e in range(episodes)]
         trajs = list(
-            rollout_vector(vec, make_actor(vec), seeds, sims.suite_of(task), capture=videos)
+            rollout_vector(
+                vec,
+                make_actor(vec),
+                seeds,
+                sims.suite_of(task),
+                capture=videos,
+                skip_unread_images=skip_unread_images,
+            )
         )
     finally:
         vec.close()
@@ -104,6 +114,7 @@ def evaluate_policy(
             workers,
             check=policy_check(policy, task),
             asynchronous=asynchronous,
+            skip_unread_images=True,  # only the outcome is kept
         )
     finally:
         policy.train(was_training)
@@ -123,20 +134,22 @@ def evaluate_task(
     asynchronous: bool | None = None,
     prefix: str = "",
     check: Callable[[Any], None] | None = None,
+    skip_unread_images: bool = False,
 ) -> tuple[EvalResult, list[Any]]:
     """``rollout_task`` then ``summarize``; the first ``videos`` episodes are written to
     ``out/videos/<prefix><task>-<seed>.mp4`` with the instruction and privileged progress drawn
     on them (paths relative to ``out`` in ``result.videos``). Returns the result and the
-    trajectories; ``check`` as in ``rollout_task``. Without an H.264 encoder it warns and writes
-    no videos."""
+    trajectories; ``check`` and ``skip_unread_images`` as in ``rollout_task``. Without an H.264
+    encoder it warns and writes no videos."""
     if videos > 0 and not encoder_available():
         warnings.warn("no H.264 encoder (PyAV/FFmpeg): the report has no videos", stacklevel=2)
         videos = 0
     if videos > 0:
         (Path(out) / "videos").mkdir(parents=True, exist_ok=True)
     trajs = rollout_task(
-        task, make_actor, episodes, seed, env_kwargs, workers, videos, check, asynchronous
-    )
+        task, make_actor, episodes, seed, env_kwargs, workers, videos, check, asynchronous,
+        skip_unread_images,
+    )  # fmt: skip
     result = summarize(task, trajs)
     for traj in trajs[:videos]:
         frames = annotate_frames(traj.frames, traj.instruction, traj.info.get("progress"))

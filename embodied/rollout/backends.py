@@ -47,11 +47,13 @@ class DistributedConfig:
 def _rollout(vec: Any, policy: Any, seeds: Sequence[int], ids: Sequence[int], sample_seed: int,
              deterministic: bool, task: str, env_kwargs: dict[str, Any]) -> list[Any]:  # fmt: skip
     """Episodes ``seeds`` (ids ``ids``) on ``vec`` (built from ``task`` and ``env_kwargs``),
-    decisions recorded, in the given order; with ``render_state`` their frames render when read."""
+    decisions recorded, in the given order; with ``render_state`` their frames render when read
+    (and a camera policy's env renders only the images the policy reads)."""
     actor = PolicyActor(
         policy, vec.num_envs, deterministic=deterministic, seed=sample_seed, record=True
     )
-    trajs = rollout_vector(vec, actor, list(seeds), episode_ids=list(ids))
+    skip = sims.skips_unread_images(env_kwargs)
+    trajs = rollout_vector(vec, actor, list(seeds), episode_ids=list(ids), skip_unread_images=skip)
     by_id = {int(t.metadata["episode_id"]): t for t in trajs}  # yielded in finishing order
     ordered = [by_id[i] for i in ids]
     sims.attach_replay_frames(ordered, task, env_kwargs)

@@ -94,6 +94,7 @@ def rollout_vector(
     step_limits: Sequence[int | None] | None = None,
     capture: int = 0,
     episode_ids: Sequence[int] | None = None,
+    skip_unread_images: bool = False,
 ) -> Iterator[Trajectory]:
     """Run one episode per seed on a vector env, yielding each ``Trajectory`` as it finishes.
 
@@ -112,6 +113,11 @@ def rollout_vector(
     ``step_limits[e]`` cuts episode ``e`` off after that many steps (marked truncated):
     deliberate failure data. The first ``capture`` episodes also get ``frames``: the sub-env's
     ``render()`` after the reset and after every step (for videos).
+    ``skip_unread_images`` with an ``act`` that has ``reads_next()`` (per sub-env: does its next
+    observation reach the policy?) and sub-envs with a ``render_images`` switch (the tabletop)
+    renders camera images only where the policy reads them: the others are black, and the
+    trajectory lists their indices in ``metadata["unrendered"]`` (``decision_windows`` refuses
+    them; a reward model reads replayed frames instead, ``embodied.sims.replay``).
     """
     n = vec.num_envs
     pending = list(range(len(seeds)))
@@ -121,6 +127,8 @@ def rollout_vector(
     episode_of: list[int | None] = [None] * n
     builders: list[TrajectoryBuilder | None] = [None] * n
     frames: list[list[np.ndarray] | None] = [None] * n
+    unrendered: list[list[int]] = [[] for _ in range(n)]  # black observations, per sub-env
+    skip = skip_unread_images and hasattr(act, "reads_next")
     obs: Any = None
 
     def record_frames(envs: Sequence[int]) -> None:
@@ -138,7 +146,7 @@ def rollout_vector(
         reset_seeds: list[int | None] = [None] * n
         for i in envs:
             episode_of[i] = pending.pop(0) if pending else None
-            builders[i] = None
+            builders[i], unrendered[i] = None, []
             if episode_of[i] is not None:
                 reset_seeds[i] = int(seeds[episode_of[i]])
             frames[i] = [] if episode_of[i] is not None and episode_of[i] < capture else None
@@ -168,6 +176,10 @@ def rollout_vector(
     obs = start(list(range(n)))
     while any(b is not None for b in builders):
         actions = np.asarray(act(obs), dtype=np.float32)
+        rendered = None
+        if skip:  # videos show every frame: their sub-envs render them all
+            rendered = [bool(r) or frames[i] is not None for i, r in enumerate(act.reads_next())]
+            vec.set_attr("render_images", rendered)
         obs, rewards, terminated, truncated, infos = vec.step(actions)
         recorded = np.asarray(getattr(act, "labels", actions), dtype=np.float32)
         decisions = getattr(act, "outputs", None)
@@ -185,9 +197,13 @@ def rollout_vector(
             cut = limit is not None and builder.num_steps + 1 >= limit
             done_t, done_tr = bool(terminated[i]), bool(truncated[i]) or cut
             builder.add_step(recorded[i], _take(obs, i), float(rewards[i]), done_t, done_tr, info)
+            if rendered is not None and not rendered[i]:
+                unrendered[i].append(builder.num_steps)  # the observation just added
             if "error" in info:
                 builder.metadata["error"] = str(info["error"])
             if done_t or done_tr:
+                if unrendered[i]:
+                    builder.metadata["unrendered"] = unrendered[i]
                 traj = builder.build()
                 if frames[i] is not None:
                     traj.frames = np.stack(frames[i])
@@ -292,6 +308,14 @@ class PolicyActor:
             [rest if self.idle[i] else self.queue[i].pop(0) for i in range(self.num_envs)]
         )
 
+    def reads_next(self) -> list[bool]:
+        """Per sub-env: whether the policy will read its next observation (the last
+        ``n_obs_steps`` before the queued actions run out; ``rollout_vector`` skips rendering the
+        others' cameras)."""
+        return [
+            not self.idle[i] and len(self.queue[i]) < self.n_obs_steps for i in range(self.num_envs)
+        ]
+
 
 def expert_actions(vec: gym.vector.VectorEnv) -> np.ndarray:
     """The scripted experts' actions ``[num_envs, A]`` at the sub-envs' current states (computed
@@ -377,5 +401,11 @@ def decision_windows(traj: Trajectory, spec: ObservationSpec) -> dict[str, np.nd
     steps = np.asarray(traj.decision_steps, dtype=np.int64)
     offsets = np.arange(n_obs_steps) - (n_obs_steps - 1)
     index = np.clip(steps[:, None] + offsets[None, :], 0, None)  # [K, n]
+    blank = np.intersect1d(index, traj.metadata.get("unrendered", []))
+    if len(blank) and spec.cameras:
+        raise ValueError(
+            f"decisions of the episode (seed {traj.seed}) read observations {blank.tolist()[:5]} "
+            "whose camera images the rollout did not render"
+        )
     features = read_features(env_observation_features(traj.observations), spec.read_keys())
     return {key: value[index] for key, value in features.items()}

@@ -89,10 +89,13 @@ def env_kwargs(
     frame-reading reward model its camera (the one it was trained on; the first one for a model
     that does not say: ``front`` on the tabletop) at its size. A state policy's tabletop rollouts
     record render states and render only the frames the reward model reads
-    (``embodied.sims.replay``); other envs render every step. A pixel policy's env must render
+    (``embodied.sims.replay``); a camera policy's render only the images it reads, the reward
+    model's frames replayed; other envs render every step. A pixel policy's env must render
     the reward model's camera (``check_task`` refuses one that does not). Episodes end at the
     first success, as in evaluation (Meta-World would run on to 500 steps)."""
     kwargs = env_options(policy.observation_spec) | {"terminate_on_success": True}
+    if kwargs["obs_mode"] != "state" and sims.supports_render_state(task):
+        kwargs["render_state"] = True  # only the images the policy reads render (replay.py)
     kwargs |= dict(extra or {})
     size = reward_model.image_size
     key = reward_model.image_key or ""
@@ -125,7 +128,7 @@ def check_task(
     try:
         check_policy_env(policy.observation_spec, policy.action_spec, env, task)
         key, size = (reward_model.image_key, reward_model.image_size) if reward_model else (0, 0)
-        if key and size and not options.get("render_state"):
+        if key and size and not (options.get("render_state") and options["obs_mode"] == "state"):
             reads = ObservationSpec(cameras={key: tuple(size)})
             check_policy_env(reads, policy.action_spec, env, task, what="the reward model")
     finally:
