@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from embodied.apps.cli import main
-from embodied.apps.demo import CAMERAS, QUICK, DemoConfig, stage_configs
+from embodied.apps.demo import QUICK, STATE, DemoConfig, stage_configs
 from embodied.core.config import load_config
 from embodied.core.policy import Policy
 from embodied.core.run import read_metrics
@@ -45,7 +45,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("demo")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert main(["demo", "--quick", "--cameras", *TINY, "--out", str(out)]) == 0
+        assert main(["demo", "--quick", *TINY, "--out", str(out)]) == 0
     (run,) = out.iterdir()
     return run, printed.getvalue()
 
@@ -135,12 +135,12 @@ def test_demo_report_renders_in_headless_chromium(demo_run: tuple[Path, str]) ->
 
 
 def test_the_presets_name_real_keys() -> None:
-    assert all("=" in override for override in QUICK + CAMERAS)
+    assert all("=" in override for override in QUICK + STATE)
     quick = load_config(DemoConfig, None, QUICK)
     assert quick.demos == 10 and quick.grpo["iterations"] == 2
-    cameras = load_config(DemoConfig, None, CAMERAS)
-    assert (cameras.inputs, cameras.dart) == ("cameras", 100)
-    assert DemoConfig().inputs == "state"  # make demo's default: the reliable state planner
+    state = load_config(DemoConfig, None, STATE)
+    assert (state.inputs, state.dart) == ("state", 0)
+    assert (DemoConfig().inputs, DemoConfig().dart) == ("cameras", 100)  # make demo sees
 
 
 @pytest.mark.parametrize("inputs", ["cameras", "state"])

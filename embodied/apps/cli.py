@@ -19,11 +19,11 @@ from embodied.apps.allocator import keep_freed_memory
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from embodied.apps.demo import CAMERAS, QUICK, DemoConfig, run_demo
+    from embodied.apps.demo import QUICK, STATE, DemoConfig, run_demo
     from embodied.apps.demo_report import summary_text
     from embodied.core.config import load_config
 
-    presets = (QUICK if args.quick else []) + (CAMERAS if args.cameras else [])
+    presets = (QUICK if args.quick else []) + (STATE if args.state else [])
     overrides = [*presets, *args.overrides] + ([f"out={args.out}"] if args.out else [])
     cfg = load_config(DemoConfig, args.config, overrides)
     run, outcomes = run_demo(cfg, echo=lambda line: print(line, flush=True))
@@ -197,9 +197,9 @@ def build_parser(benches: bool = True) -> argparse.ArgumentParser:
         "--quick", action="store_true", help="toy sizes: the same pipeline in a few minutes"
     )
     demo.add_argument(
-        "--cameras",
+        "--state",
         action="store_true",
-        help="the camera planner (front camera, agent_pos, instruction) instead of object state",
+        help="the planner reads the simulator's object state instead of the front camera",
     )
     demo.set_defaults(func=_cmd_demo)
 

@@ -7,9 +7,10 @@ For each task (``DemoConfig`` holds the recipe; override any setting as ``key=va
    ``image_size``, 64 px);
 2. label the failure data with procedure-grounded progress;
 3. train the progress reward model;
-4. behaviour-clone the diffusion planner on the demonstrations: by default from the simulator's
-   object state; ``--cameras`` (``inputs=cameras``, plus DART demos) trains the camera planner,
-   which reads the front camera, ``agent_pos`` and the instruction;
+4. behaviour-clone the diffusion planner on the demonstrations: by default the camera planner,
+   which reads the front camera, ``agent_pos`` and the instruction (``inputs=cameras``, with
+   DART demos); ``--state`` (``inputs=state``, clean demos only) trains it on the simulator's
+   object state instead;
 5. evaluate it on held-out seeds;
 6. fine-tune it with trajectory-level GRPO on the learned reward plus success;
 7. evaluate again on the same seeds;
@@ -121,8 +122,8 @@ def _grpo() -> dict[str, Any]:
     }
 
 
-# `embodied demo --cameras`: the camera planner, with the DART demos that make it learn.
-CAMERAS = ["inputs=cameras", "dart=100"]
+# `embodied demo --state`: the planner reads the simulator's object state; it needs no DART demos.
+STATE = ["inputs=state", "dart=0"]
 
 # Settings of each stage that the demo wires itself (datasets, policies, the reward model).
 WIRED = {
@@ -144,10 +145,10 @@ class DemoConfig:
     out: str = "runs"
     tasks: list[str] = field(default_factory=lambda: ["DrawerOpen"])
     seed: int = seed_setting()
-    inputs: str = setting("state", choices=tuple(PLANNERS))  # what the planner reads
+    inputs: str = setting("cameras", choices=tuple(PLANNERS))  # what the planner reads
     image_size: int = setting(64, low=8, high=512)  # the camera's, for the planner and reward
     demos: int = setting(100, low=1)  # clean expert demonstrations per task, for BC
-    dart: int = setting(0, low=0)  # + DART episodes: noisy actions run, the expert's recorded
+    dart: int = setting(100, low=0)  # + DART episodes: noisy actions run, the expert's recorded
     collect_workers: int = setting(2, low=1)  # processes collecting demos and failures
     failures: dict[str, Any] = field(default_factory=_failures)
     reward: dict[str, Any] = field(default_factory=_reward)
