@@ -113,11 +113,16 @@ def test_ray_backend_gives_the_local_trajectories(ray_instance) -> None:
 def test_bench_rollout_compares_backends_with_the_sync_baseline(ray_instance, capsys) -> None:
     import json
 
+    from embodied.apps.bench.rollout import CAMERA_EVERY, CAMERA_READ
     from embodied.apps.cli import main
 
     assert main(["bench", "rollout", "--json", "--task", "Reach", "--envs", "2",
                  "--episodes", "2", "--repeats", "1", "--ray-workers", "2"]) == 0  # fmt: skip
     rows = {r["backend"]: r for r in json.loads(capsys.readouterr().out)}
-    assert set(rows) == {"sync", "async", "ray"}
+    every, read = CAMERA_EVERY, CAMERA_READ
+    assert set(rows) == {"sync", "async", "ray", every, read}
     assert rows["sync"]["speedup"] == 1.0 and rows["ray"]["envs"] == 2
-    assert all(r["steps_per_s"] > 0 and r["baseline"] == "sync (2 envs)" for r in rows.values())
+    assert rows[every]["speedup"] == 1.0 and rows[read]["baseline"] == f"{every} (2 envs)"
+    state = [rows[b] for b in ("sync", "async", "ray")]
+    assert all(r["steps_per_s"] > 0 and r["baseline"] == "sync (2 envs)" for r in state)
+    assert rows[read]["steps_per_s"] > 0

@@ -342,3 +342,32 @@ def test_overrides_may_follow_a_list_flag_or_come_after_flags(tmp_path: Path) ->
     assert results["results"][0]["episodes"] == 1
     with pytest.raises(SystemExit):
         main(["eval", "--policy", "random", "--out", str(tmp_path), "stray", "name=x", "--bad"])
+
+
+def test_a_camera_policys_recorded_episodes_keep_every_image(tmp_path: Path) -> None:
+    """Evaluating a camera planner skips the images it does not read, but ``--record`` writes
+    every step's image: the dataset holds the env's renders, none black."""
+    from embodied.datasets import LeRobotDataset
+    from embodied.policies import make_policy
+
+    policy = make_policy(
+        "diffusion", state_dim=4, action_dim=4, image_keys=["observation.image"], image_size=16,
+        n_obs_steps=1, horizon=8, n_action_steps=4, down_dims=[8, 16], vision_channels=[4, 8],
+        num_keypoints=4, num_inference_steps=2,
+    )  # fmt: skip
+    policy.fit_normalizers({"observation.state": {"mean": np.zeros(4), "std": np.ones(4)},
+                            "action": {"min": -np.ones(4), "max": np.ones(4)}})  # fmt: skip
+    policy.save_pretrained(tmp_path / "camera")
+    data = tmp_path / "recorded"
+    assert main(["eval", "--policy", str(tmp_path / "camera"), "--tasks", "Reach", "--episodes",
+                 "1", "--videos", "0", "--out", str(tmp_path), "--record", str(data),
+                 "env.max_episode_steps=9"]) == 0  # fmt: skip
+    images = LeRobotDataset(data).episode_frames(0, keys=["observation.image"])
+    images = images["observation.image"]
+    env = sims.make("Reach", image_size=16)
+    try:
+        first, _ = env.reset(seed=100_000)
+    finally:
+        env.close()
+    assert len(images) == 10 and images.reshape(10, -1).max(axis=1).min() > 100
+    assert np.abs(images[0].astype(int) - first["pixels"]).mean() < 10  # lossy video

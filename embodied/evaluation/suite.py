@@ -288,6 +288,7 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
                 cfg.workers,
                 videos=cfg.videos,
                 fps=cfg.fps,
+                skip_unread_images=writer is None,  # a recording keeps every image
             )
             if writer is not None:
                 for traj in trajs:

@@ -51,7 +51,8 @@ BENCHES: dict[str, tuple[Callable[..., list[Any]], str, dict[str, str], dict[str
         "batch": "frames (encoders) and windows (BC) per call",
         "steps": "calls per timed run",
     }, {}),
-    "rollout": (bench_rollout, "GRPO-style rollouts: sync vs async vs Ray", {
+    "rollout": (bench_rollout, "GRPO-style rollouts: sync vs async vs Ray; a camera planner "
+                "rendering only the images it reads vs every step", {
         "envs": "envs per backend", "episodes": "episodes per timed run",
         "ray_workers": "Ray actors (when installed)",
     }, {}),

@@ -1,4 +1,5 @@
-"""``embodied bench rollout``: GRPO-style rollouts on each backend, against a sync vector env."""
+"""``embodied bench rollout``: GRPO-style rollouts on each backend, against a sync vector env; and
+a camera planner's rollouts rendering only the images it reads, against rendering every step."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ from embodied.apps.bench.common import Row, tabletop_features
 from embodied.apps.bench.policy import POLICY_VARIANTS
 from embodied.core.policy import POLICIES
 from embodied.rollout.backends import DistributedConfig, LocalRollouts, make_rollouts
+
+
+CAMERA_EVERY = "sync, camera planner, every image rendered"
+CAMERA_READ = "sync, camera planner, read images rendered"
+READ = {"render_state": True}  # what lets a rollout skip the images no policy reads
 
 
 @dataclass
@@ -37,17 +43,27 @@ def bench_rollout(
 ) -> list[RolloutRow]:
     """Env steps/s of GRPO-style rollouts (the ``configs/bc_diffusion.yaml`` planner, untrained,
     stochastic, decisions recorded, state observations): a sync vector env in this process, an
-    async one (a process per env), and Ray actors when Ray is installed."""
+    async one (a process per env), and Ray actors when Ray is installed. Then the demo's camera
+    planner (64 px front camera, 4 actions per decision) on a sync vector env rendering only the
+    images it reads (``render_state``: the rest are replayed when read), against rendering
+    every step."""
 
     tasks = ["put the red block on the green plate"]
     config = POLICIES["diffusion"].config_from_dataset(
         tabletop_features(64, env_state=True), tasks, **POLICY_VARIANTS[1][2], n_action_steps=4
     )
     policy = POLICIES["diffusion"](config).eval()
+    camera_config = POLICIES["diffusion"].config_from_dataset(
+        tabletop_features(64), tasks, **POLICY_VARIANTS[2][2], n_action_steps=4
+    )
+    camera = POLICIES["diffusion"](camera_config).eval()
     env_kwargs = {"obs_mode": "state"}
+    every = {"obs_mode": "pixels", "image_size": 64}
     backends: list[tuple[str, int, Any]] = [
         ("sync", envs, lambda: LocalRollouts(task, env_kwargs, policy, envs)),
         ("async", envs, lambda: LocalRollouts(task, env_kwargs, policy, envs, asynchronous=True)),
+        (CAMERA_EVERY, envs, lambda: LocalRollouts(task, every, camera, envs)),
+        (CAMERA_READ, envs, lambda: LocalRollouts(task, every | READ, camera, envs)),
     ]
     try:
         import ray  # noqa: F401
@@ -84,8 +100,9 @@ def bench_rollout(
             statistics.median(s for s, _ in runs),
             statistics.median(e for _, e in runs),
         )
-    base = rates["sync"][1]
-    return [
-        RolloutRow(name, count, steps, eps, f"sync ({envs} envs)", steps / base)
-        for name, (count, steps, eps) in rates.items()
-    ]
+    rows = []
+    for name, (count, steps, eps) in rates.items():
+        base = CAMERA_EVERY if name.startswith("sync, camera") else "sync"
+        label = f"{base} ({envs} envs)"
+        rows.append(RolloutRow(name, count, steps, eps, label, steps / rates[base][1]))
+    return rows
