@@ -14,7 +14,6 @@ from embodied.apps.bench.policy import POLICY_VARIANTS
 from embodied.core.policy import POLICIES
 from embodied.rollout.backends import DistributedConfig, LocalRollouts, make_rollouts
 
-
 CAMERA_EVERY = "sync, camera planner, every image rendered"
 CAMERA_READ = "sync, camera planner, read images rendered"
 READ = {"render_state": True}  # what lets a rollout skip the images no policy reads
