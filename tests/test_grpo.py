@@ -443,6 +443,12 @@ def test_shipped_config_loads_with_the_command_line_overrides() -> None:
                                 ("reach", "push", "pick-place", "peg-insert-side")]  # fmt: skip
     assert (mt10.env, mt10.groups, mt10.policy_overrides["init_noise"]) == (
         {"max_episode_steps": 128}, 16, 0.0)  # fmt: skip
+    pixels = load_config(GRPOConfig, str(config.with_name("grpo_pickplace_pixels.yaml")),
+                         ["policy=p", "reward_model=r"])  # fmt: skip
+    assert (pixels.task, pixels.reward, pixels.optim.lr, pixels.eval_episodes) == (
+        "PickPlace", "learned", 1e-5, 0)  # fmt: skip
+    assert pixels.policy_overrides == {"min_std": 0.1, "finetune_steps": 10, "ddim_eta": 0.0,
+                                       "init_noise": 0.0}  # fmt: skip
     vla = load_config(GRPOConfig, str(config.with_name("grpo_vla.yaml")), ["policy=p"])
     assert (vla.task, vla.loss_agg) == ("Reach", "traj-mean")
     assert vla.policy_overrides == {"temperature": 0.7}
