@@ -83,9 +83,9 @@ class ReplayFrames:
         images = [env.render_state_image(self.states[i], self.camera) for i in np.ravel(picks)]
         if np.ndim(picks) == 0:
             return images[0]
-        out = np.empty((*np.shape(picks), *self.shape[1:]), dtype=self.dtype)
-        out.reshape(-1, *self.shape[1:])[:] = images if images else 0
-        return out
+        if not images:
+            return np.empty((*np.shape(picks), *self.shape[1:]), dtype=self.dtype)
+        return np.stack(images).reshape(*np.shape(picks), *self.shape[1:])
 
     def for_camera(self, camera: str | None) -> ReplayFrames:
         """The same episode seen by ``camera`` (None: the env's first camera)."""

@@ -174,6 +174,7 @@ def rollout_vector(
         return new_obs
 
     obs = start(list(range(n)))
+    skip = skip and isinstance(obs, dict) and "pixels" in obs  # only camera images are skipped
     while any(b is not None for b in builders):
         actions = np.asarray(act(obs), dtype=np.float32)
         rendered = None
