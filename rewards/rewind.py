@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from embodied.core.trajectory import Trajectory
+from embodied.core.trajectory import Trajectory, follow_observations
 
 __all__ = ["rewind", "rewind_order", "rewind_split"]
 
@@ -40,8 +40,9 @@ def rewind(traj: Trajectory, split: int, rewind_steps: int | None = None) -> Tra
     gripper kept), assuming the tabletop / Meta-World layout (dx, dy, dz, grip). ``info`` follows
     the frame shown (``info[t]`` describes observation t+1; for obs[0] it comes from
     ``reset_info``). Rewards are 0, ``success`` False, ``terminated`` False, ``truncated`` True at
-    the last step; policy outputs are dropped (no policy chose the rewound actions); ``metadata``
-    gains ``synthetic = "rewind"``, ``rewind_split`` and ``rewind_steps``.
+    the last step; policy outputs are dropped (no policy chose the rewound actions); ``frames``
+    and ``metadata["unrendered"]`` follow the observations shown; ``metadata`` gains
+    ``synthetic = "rewind"``, ``rewind_split`` and ``rewind_steps``.
     """
     steps = traj.length
     if not 1 <= split <= steps:
@@ -84,7 +85,7 @@ def rewind(traj: Trajectory, split: int, rewind_steps: int | None = None) -> Tra
 
     truncated = np.zeros(new_steps, dtype=bool)
     truncated[-1] = True
-    metadata = dict(traj.metadata)
+    frames, metadata = follow_observations(traj, shown)
     metadata["synthetic"] = "rewind"
     metadata["rewind_split"] = int(split)
     metadata["rewind_steps"] = int(rewind_steps)
@@ -103,4 +104,5 @@ def rewind(traj: Trajectory, split: int, rewind_steps: int | None = None) -> Tra
         policy_outputs={},
         decision_steps=np.zeros(0, dtype=np.int64),
         metadata=metadata,
+        frames=frames,
     ).validate()

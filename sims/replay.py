@@ -87,6 +87,13 @@ class ReplayFrames:
             return np.empty((*np.shape(picks), *self.shape[1:]), dtype=self.dtype)
         return np.stack(images).reshape(*np.shape(picks), *self.shape[1:])
 
+    def take(self, indices: Any, axis: int = 0) -> ReplayFrames:
+        """The frames at ``indices`` (as ``numpy.take`` along steps), still unrendered."""
+        if axis != 0:
+            raise ValueError(f"ReplayFrames.take works along the steps (axis 0), got axis={axis}")
+        states = self.states[np.asarray(indices, dtype=np.int64)]
+        return ReplayFrames(self.task, self.env_kwargs, self.seed, states, self.camera)
+
     def for_camera(self, camera: str | None) -> ReplayFrames:
         """The same episode seen by ``camera`` (None: the env's first camera)."""
         return ReplayFrames(self.task, self.env_kwargs, self.seed, self.states, camera)

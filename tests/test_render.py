@@ -52,18 +52,15 @@ def test_replayed_frames_are_the_frames_the_rollout_showed() -> None:
         np.testing.assert_array_equal(traj.frames[len(shown) // 2], shown[len(shown) // 2])
 
 
-def test_a_camera_policy_rollout_renders_only_the_images_its_policy_reads() -> None:
-    """``skip_unread_images``: the same episodes, actions and decision windows as rendering every
-    step; the skipped images are black and listed, the reward model's frames (any camera) come
-    back replayed pixel for pixel, and a window over a black image is refused."""
+def _two_camera_rollouts() -> tuple[object, dict[bool, list]]:
+    """A two-camera planner reading 2 observations per 4-step chunk, rolled out on DrawerOpen
+    rendering every step (``False``) and only the images it reads (``True``), same seeds."""
     import numpy as np
-    import pytest
     import torch
 
     import embodied.sims as sims
-    from embodied.core.reward import camera_frames
     from embodied.policies import make_policy
-    from embodied.rollout.episodes import PolicyActor, decision_windows, rollout_vector
+    from embodied.rollout.episodes import PolicyActor, rollout_vector
 
     torch.manual_seed(0)
     policy = make_policy(
@@ -88,6 +85,20 @@ def test_a_camera_policy_rollout_renders_only_the_images_its_policy_reads() -> N
         trajs = sorted(trajs, key=lambda t: t.seed)
         sims.attach_replay_frames(trajs, "DrawerOpen", kwargs)
         runs[skip] = trajs
+    return policy, runs
+
+
+def test_a_camera_policy_rollout_renders_only_the_images_its_policy_reads() -> None:
+    """``skip_unread_images``: the same episodes, actions and decision windows as rendering every
+    step; the skipped images are black and listed, the reward model's frames (any camera) come
+    back replayed pixel for pixel, and a window over a black image is refused."""
+    import numpy as np
+    import pytest
+
+    from embodied.core.reward import camera_frames
+    from embodied.rollout.episodes import decision_windows
+
+    policy, runs = _two_camera_rollouts()
     for full, lazy in zip(runs[False], runs[True], strict=True):
         np.testing.assert_array_equal(full.actions, lazy.actions)
         skipped = lazy.metadata["unrendered"]
@@ -106,3 +117,26 @@ def test_a_camera_policy_rollout_renders_only_the_images_its_policy_reads() -> N
     lazy.metadata["unrendered"].append(int(lazy.decision_steps[0]))
     with pytest.raises(ValueError, match="whose camera images the rollout did not render"):
         decision_windows(lazy, policy.observation_spec)
+
+
+def test_a_slice_or_rewind_of_a_skipped_rollout_scores_the_images_it_shows() -> None:
+    """Slicing or rewinding a rollout that left unread images black renumbers them and keeps
+    its replayable frames, so a reward model scores exactly what the full rendering showed (the
+    black images and frames used to keep the whole episode's numbering, or be dropped)."""
+    import numpy as np
+
+    from embodied.core.reward import camera_frames
+    from embodied.rewards.rewind import rewind, rewind_order
+
+    _, runs = _two_camera_rollouts()
+    for full, lazy in zip(runs[False], runs[True], strict=True):
+        skipped = lazy.metadata["unrendered"]
+        for part, shown in ((lazy.slice(3, 8), np.arange(3, 9)),
+                            (rewind(lazy, 6), rewind_order(6))):  # fmt: skip
+            black = [j for j, i in enumerate(shown) if i in skipped]
+            assert part.metadata.get("unrendered", []) == black and len(part.frames) == len(shown)
+            for camera in ("front", "wrist"):
+                images = full.observations["pixels"][camera][shown]
+                assert not part.observations["pixels"][camera][black].any()
+                frames = camera_frames(part, f"observation.images.{camera}")
+                np.testing.assert_array_equal(frames[np.arange(len(shown))], images)

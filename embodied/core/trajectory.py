@@ -39,7 +39,13 @@ from embodied.core.arraytree import (
     unflatten_tree,
 )
 
-__all__ = ["ArrayTree", "Trajectory", "TrajectoryBuilder", "trajectories_equal"]
+__all__ = [
+    "ArrayTree",
+    "Trajectory",
+    "TrajectoryBuilder",
+    "follow_observations",
+    "trajectories_equal",
+]
 
 # A dict of arrays whose values may themselves be dicts of arrays (one level of nesting).
 ArrayTree = dict[str, np.ndarray | dict[str, np.ndarray]]
@@ -190,9 +196,10 @@ class Trajectory:
     def slice(self, start: int, stop: int) -> Trajectory:
         """Steps [start, stop) (observations [start, stop+1)) as a Trajectory; arrays are views.
 
-        Decisions taken in that range are kept with ``decision_steps`` shifted by ``-start``.
+        Decisions taken in that range are kept with ``decision_steps`` shifted by ``-start``;
+        ``frames`` and ``metadata["unrendered"]`` follow the observations (``follow_observations``).
         ``success`` is kept only if the slice reaches the end of the episode (``stop == T``),
-        since a prefix has not (yet) succeeded; ``concat`` takes the last segment's success.
+        since a prefix has not (yet) succeeded.
         """
         steps = self.length
         if not 0 <= start <= stop <= steps:
@@ -201,6 +208,7 @@ class Trajectory:
                 "(need 0 <= start <= stop <= T)"
             )
         keep = (self.decision_steps >= start) & (self.decision_steps < stop)
+        frames, metadata = follow_observations(self, np.arange(start, stop + 1))
         return Trajectory(
             observations=unflatten_tree(
                 {p: a[start : stop + 1] for p, a in flatten_tree(self.observations).items()}
@@ -219,7 +227,8 @@ class Trajectory:
                 {p: a[keep] for p, a in flatten_tree(self.policy_outputs).items()}
             ),
             decision_steps=self.decision_steps[keep] - start,
-            metadata=dict(self.metadata),
+            metadata=metadata,
+            frames=frames,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -327,6 +336,19 @@ def _validate_tree(field_name: str, tree: Mapping[str, Any]) -> dict[tuple[str, 
                 f"(nesting is one level deep), got {type(value).__name__} with shape {shape}"
             )
     return leaves
+
+
+def follow_observations(trajectory: Trajectory, shown: np.ndarray) -> tuple[Any, dict[str, Any]]:
+    """``frames`` and ``metadata`` for a trajectory made of ``trajectory``'s observations
+    ``shown`` (a slice, a rewind): the frames taken along (``frames.take``, so replayed frames
+    stay unrendered) and the black images of ``metadata["unrendered"]`` renumbered."""
+    frames = None if trajectory.frames is None else trajectory.frames.take(shown, axis=0)
+    metadata = dict(trajectory.metadata)
+    if "unrendered" in metadata:
+        unrendered = np.flatnonzero(np.isin(shown, metadata.pop("unrendered"))).tolist()
+        if unrendered:
+            metadata["unrendered"] = unrendered
+    return frames, metadata
 
 
 def trajectories_equal(a: Trajectory, b: Trajectory) -> bool:
