@@ -187,3 +187,23 @@ class BlowUpDetector:
             return None
         hits = [n for n, a, b in zip(_BAD_STATE, counts, self._warnings, strict=True) if a > b]
         return f"physics instability at step {step} ({', '.join(hits) or 'non-finite state'})"
+
+
+def kinematic_state(data: mujoco.MjData) -> np.ndarray:
+    """Joint positions and mocap poses: what a scene's camera images show during an episode (a
+    ``render_state``; ``pose_kinematic_state`` puts one back)."""
+    return np.concatenate([data.qpos, data.mocap_pos.ravel(), data.mocap_quat.ravel()])
+
+
+def pose_kinematic_state(model: mujoco.MjModel, data: mujoco.MjData, state: np.ndarray) -> None:
+    """Set ``data`` (a scratch copy, after the episode's reset) to a recorded
+    ``kinematic_state`` and compute its positions, ready to render; ValueError naming both
+    sizes when the state is not one of this model's."""
+    nq, nmocap = model.nq, model.nmocap
+    state = np.asarray(state, dtype=np.float64)
+    if state.shape != (nq + 7 * nmocap,):
+        raise ValueError(f"a render_state has {nq + 7 * nmocap} values, got {state.shape}")
+    data.qpos[:] = state[:nq]
+    data.mocap_pos[:] = state[nq : nq + 3 * nmocap].reshape(nmocap, 3)
+    data.mocap_quat[:] = state[nq + 3 * nmocap :].reshape(nmocap, 4)
+    mujoco.mj_forward(model, data)

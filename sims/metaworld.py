@@ -22,6 +22,10 @@ adds what the toolkit needs on top:
 - Ordered subtask stages (``info["stage"]``, ``info["stage_name"]``, ``env.stages``) and coarse
   privileged progress ``(stage + success) / len(stages)``, as in the tabletop suite, from the rules
   in ``embodied.sims.metaworld_stages`` (every MT10 task has its own; others a default).
+- ``render_state=True`` and ``render_images``, as in the tabletop suite: ``info["render_state"]``
+  (joint positions and mocap poses) at the reset and every step, ``render_state_image`` to render
+  one later, and ``render_images = False`` for one black step (rollouts skip the images no policy
+  reads; ``embodied.sims.replay`` renders the others on demand).
 - Rewards are Meta-World's own shaped rewards (0-10). Like Meta-World, an episode never terminates;
   it is truncated at Meta-World's max path length (500), or at ``max_path_length``
   (``embodied.sims.make(..., max_episode_steps=N)`` passes N there).
@@ -35,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
+import mujoco
 import numpy as np
 
 from embodied.sims import conventions
@@ -209,6 +214,7 @@ class MetaWorldEnv(gym.Env):
         fast_render: bool = True,
         max_path_length: int | None = None,
         terminate_on_success: bool = False,
+        render_state: bool = False,
     ) -> None:
         metaworld = _import_metaworld()
         from metaworld.policies import ENV_POLICY_MAP
@@ -225,6 +231,9 @@ class MetaWorldEnv(gym.Env):
         # Meta-World runs every episode to max_path_length; ending at the first success (as the
         # tabletop suite does) makes evaluation faster and the length a time-to-success.
         self.terminate_on_success = terminate_on_success
+        self.render_state = render_state
+        self.render_images = True  # False: the next step's camera images are black
+        self._scratch: dict[str, Any] = {}  # physics copies: the reset's view, render_state_image
         self.instruction = task_instruction(task)
         self._rule = stage_rule(task)
         self.stages = self._rule.names  # ordered subtasks; ``info["stage"]`` indexes them
@@ -260,6 +269,7 @@ class MetaWorldEnv(gym.Env):
             self._joint_adr = int(self.model.jnt_qposadr[self.model.joint(self._rule.joint).id])
         self._raw: np.ndarray | None = None  # Meta-World's last raw observation
         self._frame: np.ndarray | None = None  # the first camera's image of the current state
+        self._view = self.data  # the physics the current observation's images show
         self._obj_start = np.zeros(3)  # the main object's position at the reset
         self._joint_start = 0.0
         self._steps = 0
@@ -276,6 +286,11 @@ class MetaWorldEnv(gym.Env):
             benchmark_seed, index = divmod(int(seed), GOALS_PER_BENCHMARK)
         self._env.set_task(mt1_goals(self.task, benchmark_seed)[index])
         raw, _ = self._env.reset()
+        # Meta-World's reset moves some bodies (drawer-open's drawer, the windows) after its last
+        # position update, so its data still draws them where they were. The reset's images come
+        # from a copy with the positions computed: the state the episode starts from, as its
+        # render_state replays it. Meta-World's own physics is left untouched (bit for bit).
+        self._view = self._posed(conventions.kinematic_state(self.data), "reset")
         self._raw = np.asarray(raw, dtype=np.float64)
         self._obj_start = self._raw[4:7].copy()
         self._joint_start = self._joint_position()
@@ -285,26 +300,29 @@ class MetaWorldEnv(gym.Env):
         # stage (the rules read only fields that do not depend on the action). Episodes start
         # unsolved, as in Meta-World.
         mw_info = self._env.evaluate_state(self._raw, np.zeros(4, dtype=np.float32))[1]
-        return self._observation(), self._info(False, mw_info)
+        return self._observation(), self._with_render_state(self._info(False, mw_info))
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Apply one 4-D action (hand xyz delta, gripper effort) for 5 Meta-World physics steps."""
         self._guard.check()
         action = conventions.checked_action(action).astype(np.float32)
+        render, self.render_images = self.render_images, True
 
         self._blow_up.before_step()
         try:
             raw, reward, _, truncated, mw_info = self._env.step(action)
         except Exception as err:  # a Meta-World failure ends the episode instead of the program
-            return self._failed_step(f"Meta-World step failed: {type(err).__name__}: {err}")
+            error = f"Meta-World step failed: {type(err).__name__}: {err}"
+            return self._failed_step(error, render)
         self._steps += 1
         error = self._blow_up.error(self._steps)
         if error is None and not np.isfinite(raw).all():
             error = f"non-finite observation from Meta-World at step {self._steps}"
         if error is not None:
-            return self._failed_step(error)
+            return self._failed_step(error, render)
 
         self._raw = np.asarray(raw, dtype=np.float64)
+        self._view = self.data  # Meta-World's step ends by computing the positions
         info = self._info(bool(mw_info.get("success", False)), mw_info)
         for key, value in mw_info.items():
             if key not in info and isinstance(value, (int, float, np.number, np.bool_)):
@@ -312,7 +330,8 @@ class MetaWorldEnv(gym.Env):
         terminated = self.terminate_on_success and info["success"]
         truncated = not terminated and bool(truncated or self._steps >= self.max_episode_steps)
         self._guard.update(terminated, truncated)
-        return self._observation(), float(reward), terminated, truncated, info
+        info = self._with_render_state(info)
+        return self._observation(render), float(reward), terminated, truncated, info
 
     def render(self) -> np.ndarray | None:
         """The first camera's image (``render_mode="rgb_array"``): the observation's own when the
@@ -322,6 +341,13 @@ class MetaWorldEnv(gym.Env):
         if self._frame is None:
             self._frame = self._render(self.cameras[0])
         return self._frame.copy()
+
+    def render_state_image(self, state: np.ndarray, camera: str | None = None) -> np.ndarray:
+        """``camera``'s image (default: the first camera's) of a ``render_state`` recorded in this
+        episode (after the same reset: goals and object placements come from the seed), rendered
+        from a scratch copy of the physics so the episode's own state is untouched."""
+        data = self._posed(state, "replay")
+        return self._render(self.cameras[0] if camera is None else camera, data)
 
     def close(self) -> None:
         """Release the renderer's GL context and Meta-World's env."""
@@ -358,18 +384,30 @@ class MetaWorldEnv(gym.Env):
         }
 
     # --- internals -----------------------------------------------------------------------------
-    def _render(self, camera: str) -> np.ndarray:
-        """One upright ``uint8 [H, W, 3]`` image of ``camera``."""
-        image = self._renderer.render(self.data, camera)
+    def _posed(self, state: np.ndarray, name: str) -> Any:
+        """Physics copy ``name`` set to the kinematic ``state``, positions computed."""
+        if name not in self._scratch:
+            self._scratch[name] = mujoco.MjData(self.model)
+        conventions.pose_kinematic_state(self.model, self._scratch[name], state)
+        return self._scratch[name]
+
+    def _render(self, camera: str, data: Any = None) -> np.ndarray:
+        """One upright ``uint8 [H, W, 3]`` image of ``camera`` (of ``data``, default the state the
+        current observation shows)."""
+        image = self._renderer.render(self._view if data is None else data, camera)
         if camera in UPSIDE_DOWN_CAMERAS:
             image = np.ascontiguousarray(image[::-1, ::-1])
         return image
 
-    def _observation(self) -> dict[str, Any]:
+    def _observation(self, render: bool = True) -> dict[str, Any]:
         raw = self._raw
         obs: dict[str, Any] = {"agent_pos": raw[:4].astype(np.float32)}
         self._frame = None  # the state has changed since the last frame
-        if self.obs_mode != "state":
+        if self.obs_mode != "state" and not render:
+            shape = (self._renderer.height, self._renderer.width, 3)
+            images = {c: np.zeros(shape, dtype=np.uint8) for c in self.cameras}
+            obs["pixels"] = conventions.pixels_observation(images, DEFAULT_CAMERA)
+        elif self.obs_mode != "state":
             images = {c: self._render(c) for c in self.cameras}
             self._frame = images[self.cameras[0]]
             obs["pixels"] = conventions.pixels_observation(images, DEFAULT_CAMERA)
@@ -410,9 +448,18 @@ class MetaWorldEnv(gym.Env):
             "ee_pos": self._raw[:3].astype(np.float32),
         }
 
-    def _failed_step(self, error: str) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+    def _with_render_state(self, info: dict[str, Any]) -> dict[str, Any]:
+        """``info`` with the state the observation's images show (``render_state=True``)."""
+        if self.render_state:
+            info["render_state"] = conventions.kinematic_state(self.data)
+        return info
+
+    def _failed_step(
+        self, error: str, render: bool
+    ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """End the episode (truncated, no reward) with the last good observation and the reason."""
-        info = self._info(False, {})
+        self._view = self.data
+        info = self._with_render_state(self._info(False, {}))
         info["error"] = error
         self._guard.update(terminated=False, truncated=True)
-        return self._observation(), 0.0, False, True, info
+        return self._observation(render), 0.0, False, True, info

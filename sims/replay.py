@@ -1,11 +1,11 @@
 """Camera images of a finished episode, rendered only when read.
 
-A rollout run with ``render_state=True`` (tabletop tasks) records the kinematic state each step's
-images would show instead of rendering them. ``ReplayFrames`` stands in for the episode's
-``[T+1, H, W, 3]`` images: indexing it renders just those steps, exactly as the rollout would have
-(a progress model reads 8 frames of a 100-step episode; rendering is most of a CPU rollout's
-cost). It holds only the task, the env options, the seed and the states, so it pickles (Ray);
-each process renders with one replay env per task and options, reset to the episode's seed
+A rollout run with ``render_state=True`` (tabletop and Meta-World tasks) records the kinematic
+state each step's images would show instead of rendering them. ``ReplayFrames`` stands in for the
+episode's ``[T+1, H, W, 3]`` images: indexing it renders just those steps, exactly as the rollout
+would have (a progress model reads 8 frames of a 100-step episode; rendering is most of a CPU
+rollout's cost). It holds only the task, the env options, the seed and the states, so it pickles
+(Ray); each process renders with one replay env per task and options, reset to the episode's seed
 (the layout and colours come from the seed, the states from the recording).
 """
 
@@ -22,8 +22,8 @@ _replay_envs: dict[tuple[str, str], Any] = {}  # (task, options) -> [env, seed i
 
 def supports_render_state(task: str) -> bool:
     """Whether ``task``'s env can record render states and skip camera images on request
-    (``render_images``): the tabletop suite."""
-    return suite_of(task) == "tabletop"
+    (``render_images``): the tabletop suite and Meta-World."""
+    return suite_of(task) in ("tabletop", "metaworld")
 
 
 def skips_unread_images(env_kwargs: dict[str, Any]) -> bool:

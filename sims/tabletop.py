@@ -42,8 +42,10 @@ from embodied.sims.conventions import (
     checked_action,
     checked_cameras,
     image_shape,
+    kinematic_state,
     observation_space,
     pixels_observation,
+    pose_kinematic_state,
 )
 from embodied.sims.registry import get_task
 from embodied.sims.render import CameraRenderer, set_render_quality
@@ -162,7 +164,7 @@ class TabletopEnv(gym.Env):
         evaluation = self.task.evaluate(self.scene, self.goal)
         info = self._info(evaluation, collisions=0)
         if self.render_state:
-            info["render_state"] = self._kinematic_state()
+            info["render_state"] = kinematic_state(self.data)
         return self._observation(evaluation), info
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
@@ -182,7 +184,7 @@ class TabletopEnv(gym.Env):
             # state before the last substep: record that one (the steps are the same).
             if self.frame_skip > 1:
                 mujoco.mj_step(self.model, self.data, self.frame_skip - 1)
-            shown = self._kinematic_state()
+            shown = kinematic_state(self.data)
             mujoco.mj_step(self.model, self.data, 1)
         else:
             mujoco.mj_step(self.model, self.data, self.frame_skip)
@@ -197,7 +199,7 @@ class TabletopEnv(gym.Env):
             info["error"] = error
             self._guard.update(terminated=False, truncated=True)
             if self.render_state:  # MuJoCo reset the state: the images show the reset one
-                info["render_state"] = self._kinematic_state()
+                info["render_state"] = kinematic_state(self.data)
             return self._observation(evaluation, render), 0.0, False, True, info
 
         evaluation = self.task.evaluate(self.scene, self.goal)
@@ -228,18 +230,11 @@ class TabletopEnv(gym.Env):
         """``camera``'s image (default: the first camera's) of a ``render_state`` recorded in this
         episode (after the same reset: the layout and colours come from the seed), rendered from
         a scratch copy of the physics so the episode's own state is untouched."""
-        data = self._replay_data
-        if data is None:
-            data = self._replay_data = mujoco.MjData(self.model)
-        nq, nmocap = self.model.nq, self.model.nmocap
-        state = np.asarray(state, dtype=np.float64)
-        if state.shape != (nq + 7 * nmocap,):
-            raise ValueError(f"a render_state has {nq + 7 * nmocap} values, got {state.shape}")
-        data.qpos[:] = state[:nq]
-        data.mocap_pos[:] = state[nq : nq + 3 * nmocap].reshape(nmocap, 3)
-        data.mocap_quat[:] = state[nq + 3 * nmocap :].reshape(nmocap, 4)
-        mujoco.mj_forward(self.model, data)
-        return self._renderer.render(data, self.cameras[0] if camera is None else camera)
+        if self._replay_data is None:
+            self._replay_data = mujoco.MjData(self.model)
+        pose_kinematic_state(self.model, self._replay_data, state)
+        camera = self.cameras[0] if camera is None else camera
+        return self._renderer.render(self._replay_data, camera)
 
     def close(self) -> None:
         """Release the renderer's GL context."""
@@ -258,11 +253,6 @@ class TabletopEnv(gym.Env):
         return np.clip(command, -1.0, 1.0).astype(np.float32)
 
     # --- internals -----------------------------------------------------------------------------
-    def _kinematic_state(self) -> np.ndarray:
-        """Joint positions and mocap poses: what the camera images depend on during an episode."""
-        data = self.data
-        return np.concatenate([data.qpos, data.mocap_pos.ravel(), data.mocap_quat.ravel()])
-
     def _observation(self, evaluation: Evaluation, render: bool = True) -> dict[str, Any]:
         scene = self.scene
         agent_pos = np.empty(4, dtype=np.float32)

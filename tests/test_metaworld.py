@@ -341,3 +341,36 @@ def test_the_mt10_camera_recipe_trains_and_acts_from_the_corner_camera_alone(
         assert out.actions.shape[-1] == 4 and torch.isfinite(out.actions).all()
     finally:
         env.close()
+
+
+def test_render_states_replay_every_image_and_unread_steps_skip_rendering() -> None:
+    """``render_state=True`` records what each image shows and ``render_images = False`` leaves
+    one step's images black: replayed later, every image (the reset's too, where drawer-open's
+    drawer used to be drawn where it was before the reset) equals the one an env rendering every
+    step showed, for a fixed camera and the one on the gripper."""
+    from embodied.sims import ReplayFrames
+
+    task, seed = "metaworld/drawer-open-v3", 3
+    kwargs = {"obs_mode": "pixels", "image_size": 32, "cameras": ["corner2", "gripperPOV"],
+              "max_episode_steps": 12}  # fmt: skip
+    shown, states, black = {}, [], []
+    for lazy in (False, True):
+        env = sims.make(task, **kwargs, render_state=lazy)
+        obs, info = env.reset(seed=seed)
+        images = [obs["pixels"]]
+        states = [info["render_state"]] if lazy else []
+        for t in range(12):
+            if lazy and t % 3:
+                env.unwrapped.render_images = False
+                black.append(t + 1)
+            obs, _, _, _, info = env.step(env.unwrapped.scripted_action())
+            images.append(obs["pixels"])
+            states += [info["render_state"]] if lazy else []
+        env.close()
+        shown[lazy] = {c: np.stack([i[c] for i in images]) for c in kwargs["cameras"]}
+    replay = ReplayFrames(task, kwargs, seed, np.stack(states))
+    for camera, full in shown[False].items():
+        assert not shown[True][camera][black].any() and shown[True][camera][0].any()
+        kept = np.setdiff1d(np.arange(len(full)), black)
+        np.testing.assert_array_equal(shown[True][camera][kept], full[kept])
+        np.testing.assert_array_equal(replay.for_camera(camera)[np.arange(len(full))], full)

@@ -58,7 +58,7 @@ def rollout_task(
     builds the batched actor, ``check(vec)`` may refuse the env before any step.
     ``workers`` sub-envs run in their own processes unless ``asynchronous=False`` (one process,
     still one batched policy call for all of them). ``skip_unread_images`` as in
-    ``rollout_vector`` (on a tabletop task only: its envs have the switch)."""
+    ``rollout_vector`` (tabletop and Meta-World envs have the switch)."""
     skip_unread_images = skip_unread_images and sims.supports_render_state(task)
     asynchronous = workers > 1 if asynchronous is None else asynchronous
     vec = sims.make_vec_env(

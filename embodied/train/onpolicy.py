@@ -87,12 +87,12 @@ def env_kwargs(
 ) -> dict[str, Any]:
     """Env options giving the policy its inputs (plus ``extra``, the config's ``env``) and a
     frame-reading reward model its camera (the one it was trained on; the first one for a model
-    that does not say: ``front`` on the tabletop) at its size. A state policy's tabletop rollouts
-    record render states and render only the frames the reward model reads
+    that does not say: ``front`` on the tabletop) at its size. A state policy's rollouts (tabletop
+    and Meta-World) record render states and render only the frames the reward model reads
     (``embodied.sims.replay``); a camera policy's render only the images it reads, the reward
-    model's frames replayed; other envs render every step. A pixel policy's env must render
-    the reward model's camera (``check_task`` refuses one that does not). Episodes end at the
-    first success, as in evaluation (Meta-World would run on to 500 steps)."""
+    model's frames replayed; envs without render states render every step. A pixel policy's
+    env must render the reward model's camera (``check_task`` refuses one that does not).
+    Episodes end at the first success, as in evaluation (Meta-World would run on to 500 steps)."""
     kwargs = env_options(policy.observation_spec) | {"terminate_on_success": True}
     if kwargs["obs_mode"] != "state" and sims.supports_render_state(task):
         kwargs["render_state"] = True  # only the images the policy reads render (replay.py)
