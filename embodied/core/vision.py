@@ -75,8 +75,9 @@ class KeypointEncoder(nn.Module):
         model ~25% slower with malloc's defaults (page faults on fresh buffers) and only ~7%
         faster with freed memory kept, as ``embodied`` runs.
 
-        The convolutions run on contiguous NCHW: torch 2.13's multi-threaded CPU backward through
-        these GroupNorm convolutions corrupts the heap on a channels-last input. With
+        The convolutions run on contiguous NCHW: on a channels-last input, oneDNN's AVX-512
+        weight gradient of a strided 1x1 convolution with at most 8 input channels (the skip of
+        ``channels=[8, 16]``) corrupts the heap on two threads (torch 2.13). With
         ``channels_last_inference`` and no gradients, the images keep the channels-last layout
         they arrive in, where oneDNN's CPU convolutions run faster; the results then differ
         from NCHW's in the last bits, so a policy (whose rollout log-probs are recomputed with
