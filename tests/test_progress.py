@@ -343,3 +343,18 @@ def test_bench_reward_reports_batched_scoring_against_one_clip(capsys) -> None:
     assert rows[0]["speedup"] == 1.0 and all(r["frames_per_s"] > 0 for r in rows)
     assert rows[1]["baseline"] == "progress (default) (batch 1, 4 frames)"
     assert rows[3]["baseline"] == "progress (default) (batch 1, 6 frames)"
+
+
+def test_paired_rates_time_a_figure_and_its_baseline_in_turn() -> None:
+    """Each repeat times every run once, starting one further along, after one warm-up call
+    each: a noisy moment of the machine falls on both sides of a ratio."""
+    from embodied.apps.bench.common import paired_rates
+
+    calls: list[tuple[str, int]] = []
+    runs = {key: (lambda n, key=key: calls.append((key, n))) for key in ("base", "fast", "x")}
+    rates = paired_rates(runs, 5, 4)
+    assert calls[:3] == [("base", 5), ("fast", 5), ("x", 5)]  # warm-ups
+    timed = [key for key, _ in calls[3:]]
+    assert timed == ["base", "fast", "x", "fast", "x", "base", "x", "base", "fast",
+                     "base", "fast", "x"]  # fmt: skip
+    assert set(rates) == set(runs) and all(rate > 0 for rate in rates.values())

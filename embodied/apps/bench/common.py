@@ -24,19 +24,31 @@ class Row:
 def median_rate(run: Any, steps: int, repeats: int, device: Any = None) -> float:
     """Median steps/s of ``run(steps)`` over ``repeats`` timed calls (after one warm-up); on a
     CUDA ``device`` each timed call ends when the GPU has finished its queued work."""
+    return paired_rates({0: run}, steps, repeats, device)[0]
 
-    def timed(n: int) -> None:
+
+def paired_rates(
+    runs: dict[Any, Any], steps: int, repeats: int, device: Any = None
+) -> dict[Any, float]:
+    """``median_rate`` of each of ``runs`` (key -> ``run(n)``), their timed calls interleaved
+    (each repeat times every run once, starting one further along), so a figure and its baseline
+    see the same moments of a noisy machine and their ratio is paired."""
+
+    def timed(run: Any, n: int) -> float:
+        start = time.perf_counter()
         run(n)
         if device is not None and torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
+        return n / (time.perf_counter() - start)
 
-    timed(min(steps, 20))
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        timed(steps)
-        rates.append(steps / (time.perf_counter() - start))
-    return statistics.median(rates)
+    keys = list(runs)
+    for key in keys:
+        timed(runs[key], min(steps, 20))
+    rates: dict[Any, list[float]] = {key: [] for key in keys}
+    for r in range(repeats):
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            rates[key].append(timed(runs[key], steps))
+    return {key: statistics.median(rates[key]) for key in keys}
 
 
 def tabletop_features(image_size: int, env_state: bool = False) -> dict[str, dict[str, Any]]:
