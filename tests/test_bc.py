@@ -209,3 +209,23 @@ def test_learning_rate_schedules_warm_up_then_decay_or_hold() -> None:
     assert cosine[4] == pytest.approx(5e-4) and cosine[6] == pytest.approx(0.0)
     with pytest.raises(ValueError, match="'schedule' = 'cosin': expected one of"):
         validate(OptimConfig(schedule="cosin"))
+
+
+def test_max_minutes_ends_the_run_at_a_step_it_logs_evaluates_and_saves(
+    drawer_states: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A time budget stops a run of far more steps than fit in it; the step it stops at gets the
+    log, the evaluation and the checkpoint of a schedule's end, and the policy is saved."""
+    big = 10**7
+    cfg = _mlp_config(drawer_states, tmp_path, steps=big, max_minutes=0.02, log_every=big,
+                      eval_every=big, eval_episodes=2, save_every=big)  # fmt: skip
+    run = train_bc(cfg)
+    end = int(latest_checkpoint(run.path / "checkpoints").name.removeprefix("step-"))
+    assert 2 <= end < big
+    assert f"max_minutes=0.02: stopped after step {end} of {big}" in capsys.readouterr().err
+    metrics = read_metrics(run.path / "metrics.jsonl")
+    assert {m["step"] for m in metrics if "bc/loss" in m} == {end}
+    assert [m["step"] for m in metrics if "eval/DrawerOpen/success_rate" in m] == [end]
+    assert Policy.from_pretrained(run.path / "policy").policy_type == "mlp"
+    with pytest.raises(ValueError, match="max_minutes"):
+        train_bc(_mlp_config(drawer_states, tmp_path, max_minutes=-1.0))

@@ -42,6 +42,8 @@ class BCConfig:
     n_obs_steps: int | None = setting(None, low=1)  # None: the policy's own default
     horizon: int | None = setting(None, low=1)  # actions per window; None: the policy's default
     steps: int = setting(3000, low=1)
+    # > 0: stop after the last step that fits in this many minutes (the schedule still spans steps)
+    max_minutes: float = setting(0.0, low=0.0)
     batch_size: int = setting(64, low=1)
     optim: OptimConfig = field(default_factory=OptimConfig)
     seed: int = seed_setting()

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,7 +134,8 @@ def _get(tree: dict[str, Any], key: str) -> Any:
 class Trainer:
     """A job's run directory, optimiser and schedule, resume, checkpoints and metrics (see the
     module docstring). ``total`` is the number of steps (or iterations, rounds) the schedule
-    spans."""
+    spans. A config's ``max_minutes`` (> 0) ends the run earlier, after the last step expected to
+    finish within that many minutes of this process: ``end`` is then that step's count."""
 
     def __init__(self, cfg: Any, model: Any, total: int, recorded: Any = None) -> None:
         self.cfg, self.model, self.total = cfg, model, int(total)
@@ -140,6 +143,9 @@ class Trainer:
         self.run = open_run(cfg, recorded)
         self.start = self.restore() if cfg.resume else 0
         self.metrics: MetricsLogger = self.run.metrics()
+        self.end = self.total
+        minutes = float(getattr(cfg, "max_minutes", 0.0) or 0.0)
+        self._deadline = time.monotonic() + 60.0 * minutes if minutes > 0 else None
 
     def restore(self) -> int:
         """Load the newest readable checkpoint (older ones if the newest is corrupt, with a
@@ -157,13 +163,29 @@ class Trainer:
         return 0
 
     def steps(self, desc: str = "") -> Iterator[int]:
-        """The remaining steps, with a progress bar."""
+        """The remaining steps, with a progress bar. Under ``max_minutes``, a step is the last
+        when another of the mean length so far would end past the budget (``end``, where
+        ``due`` logs, evaluates and saves as at the schedule's end)."""
         remaining = range(self.start, self.total)
-        return iter(progress_bar(remaining, total=len(remaining), desc=desc or self.run.path.name))
+        bar = progress_bar(remaining, total=len(remaining), desc=desc or self.run.path.name)
+        began = time.monotonic()
+        for done, step in enumerate(bar):
+            now = time.monotonic()
+            budget = self._deadline
+            if budget is not None and done and now + 2 * (now - began) / done > budget:
+                self.end = step + 1
+            yield step
+            if step + 1 >= self.end:
+                break
+        bar.close()
+        if self.end < self.total:
+            minutes = float(self.cfg.max_minutes)
+            print(f"max_minutes={minutes:g}: stopped after step {self.end} of {self.total}",
+                  file=sys.stderr)  # fmt: skip
 
     def due(self, done: int, every: int) -> bool:
         """Whether a thing done every ``every`` steps is due after ``done`` (always at the end)."""
-        return done % every == 0 or done == self.total
+        return done % every == 0 or done == self.end
 
     def update(self, loss: torch.Tensor, where: str, step_schedule: bool = True) -> float:
         """One clipped gradient step on ``loss``; the gradient norm before clipping. A non-finite

@@ -80,6 +80,8 @@ class RewardTrainConfig:
     # (scoring more frames than the model was trained on puts positions out of distribution).
     eval_frames: int = setting(0, low=0)
     steps: int = setting(2000, low=1)
+    # > 0: stop after the last step that fits in this many minutes (the schedule still spans steps)
+    max_minutes: float = setting(0.0, low=0.0)
     batch_size: int = setting(32, low=1, high=4096)
     optim: OptimConfig = field(default_factory=_default_optim)
     seed: int = seed_setting()
