@@ -112,6 +112,22 @@ def test_tpo_round_starts_at_the_reference_and_moves_winners_up(
     assert math.log(2) / 2 < row["update/loss"] < math.log(2)
 
 
+def test_max_minutes_ends_an_onpolicy_run_after_the_round_that_fits(tmp_path: Path) -> None:
+    """Under a budget shorter than one round, the first round runs, the second is the last (a
+    third would end past it), and it is saved and the policy written as at a schedule's end."""
+    _save_policy(tmp_path / "policy")
+    cfg = TPOConfig(
+        policy=str(tmp_path / "policy"), task="Reach", rounds=10**6, groups=2, group_size=3,
+        eval_episodes=0, save_every=10**6, out=str(tmp_path), device="cpu", pairs="all",
+        max_minutes=0.001,
+    )  # fmt: skip
+    run = train_tpo(cfg)
+    rows = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2]
+    assert [p.name for p in (run.path / "checkpoints").iterdir()] == ["step-0000002"]
+    assert (run.path / "policy" / "model.safetensors").is_file()
+
+
 @pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.slow)])
 def test_tpo_resumes_exactly(tmp_path: Path, backend: str) -> None:
     """Killed after round 1 and resumed from its checkpoint, a run ends with the uninterrupted
