@@ -403,13 +403,13 @@ class MetaWorldEnv(gym.Env):
         raw = self._raw
         obs: dict[str, Any] = {"agent_pos": raw[:4].astype(np.float32)}
         self._frame = None  # the state has changed since the last frame
-        if self.obs_mode != "state" and not render:
-            shape = (self._renderer.height, self._renderer.width, 3)
-            images = {c: np.zeros(shape, dtype=np.uint8) for c in self.cameras}
-            obs["pixels"] = conventions.pixels_observation(images, DEFAULT_CAMERA)
-        elif self.obs_mode != "state":
-            images = {c: self._render(c) for c in self.cameras}
-            self._frame = images[self.cameras[0]]
+        if self.obs_mode != "state":
+            if render:
+                images = {c: self._render(c) for c in self.cameras}
+                self._frame = images[self.cameras[0]]
+            else:
+                shape = (self._renderer.height, self._renderer.width, 3)
+                images = {c: np.zeros(shape, dtype=np.uint8) for c in self.cameras}
             obs["pixels"] = conventions.pixels_observation(images, DEFAULT_CAMERA)
         if self.obs_mode != "pixels":
             obs["environment_state"] = raw.astype(np.float32)

@@ -134,7 +134,7 @@ def _get(tree: dict[str, Any], key: str) -> Any:
 class Trainer:
     """A job's run directory, optimiser and schedule, resume, checkpoints and metrics (see the
     module docstring). ``total`` is the number of steps (or iterations, rounds) the schedule
-    spans. A config's ``max_minutes`` (> 0) ends the run earlier, after the last step expected to
+    spans. The config's ``max_minutes`` (> 0) ends the run earlier, after the last step expected to
     finish within that many minutes of this process: ``end`` is then that step's count."""
 
     def __init__(self, cfg: Any, model: Any, total: int, recorded: Any = None) -> None:
@@ -144,7 +144,7 @@ class Trainer:
         self.start = self.restore() if cfg.resume else 0
         self.metrics: MetricsLogger = self.run.metrics()
         self.end = self.total
-        minutes = float(getattr(cfg, "max_minutes", 0.0) or 0.0)
+        minutes = float(cfg.max_minutes)
         self._deadline = time.monotonic() + 60.0 * minutes if minutes > 0 else None
 
     def restore(self) -> int:
