@@ -24,6 +24,25 @@ def _installed(distribution: str) -> bool:
 # runs it in an environment of its own. Elsewhere (the main suite) it is not collected.
 collect_ignore = [] if _installed("lerobot") else ["lerobot"]
 
+
+def _threads_per_worker() -> int | None:
+    """Cores per pytest-xdist worker (None outside xdist). Each worker's torch otherwise starts
+    a thread per core: two workers on two cores then run four OpenMP threads whose spin-waits
+    starve each other (a 4 s test took 36-150 s beside the Ray rollout test, which took 555 s
+    instead of 31)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2:
+        return None
+    return max(1, len(os.sched_getaffinity(0)) // workers)
+
+
+if (_threads := _threads_per_worker()) is not None:
+    # The CLI subprocesses, Ray workers and collection workers the tests start inherit it.
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads))
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # Headless offscreen rendering: MuJoCo reads MUJOCO_GL when it is first imported, so this must run
 # before any test module imports mujoco (a user's explicit choice wins).
 os.environ.setdefault("MUJOCO_GL", "egl")
