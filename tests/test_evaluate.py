@@ -14,7 +14,7 @@ import pytest
 
 import embodied.sims as sims
 from embodied.apps.cli import main
-from embodied.core.trajectory import TrajectoryBuilder
+from embodied.core.trajectory_builder import TrajectoryBuilder
 from embodied.evaluation.results import summarize, wilson_interval
 from embodied.evaluation.suite import EvalConfig, run_eval, suite_tasks
 from embodied.evaluation.video import annotate_frames

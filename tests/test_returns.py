@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from embodied.core.reward import ProgressScore
-from embodied.core.trajectory import TrajectoryBuilder
+from embodied.core.trajectory_builder import TrajectoryBuilder
 from embodied.rewards.returns import (
     OBJECTIVES,
     TrajectoryScore,

@@ -8,7 +8,8 @@ import io
 import numpy as np
 import pytest
 
-from embodied.core.trajectory import Trajectory, TrajectoryBuilder, trajectories_equal
+from embodied.core.trajectory import Trajectory, trajectories_equal
+from embodied.core.trajectory_builder import TrajectoryBuilder
 
 
 def make_trajectory(

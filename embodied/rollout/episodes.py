@@ -11,7 +11,8 @@ import torch
 
 from embodied.core.features import ObservationSpec, env_observation_features, one_camera_alias
 from embodied.core.policy import Policy
-from embodied.core.trajectory import Trajectory, TrajectoryBuilder
+from embodied.core.trajectory import Trajectory
+from embodied.core.trajectory_builder import TrajectoryBuilder
 from embodied.sims.registry import add_action_noise
 
 ActFn = Callable[[dict[str, Any]], np.ndarray]
