@@ -371,3 +371,42 @@ def test_a_camera_policys_recorded_episodes_keep_every_image(tmp_path: Path) -> 
         env.close()
     assert len(images) == 10 and images.reshape(10, -1).max(axis=1).min() > 100
     assert np.abs(images[0].astype(int) - first["pixels"]).mean() < 10  # lossy video
+
+
+def test_dagger_into_a_dataset_records_what_it_holds_and_the_policy_reads_its_camera(
+    tmp_path: Path,
+) -> None:
+    """Appending with ``--record`` takes the dataset's cameras, image size and environment state
+    as env options, so DAgger data for a front-camera planner lands in a front + wrist + state
+    dataset without env.* settings (it was refused: the observations differ)."""
+    from embodied.datasets import LeRobotDataset
+    from embodied.policies import make_policy
+
+    data = tmp_path / "demos"
+    assert main(["collect", "--task", "Reach", "--episodes", "1", "--out", str(data),
+                 "image_size=16", "cameras=[front,wrist]",
+                 "obs_mode=pixels_state"]) == 0  # fmt: skip
+    policy = make_policy(
+        "diffusion", state_dim=4, action_dim=4, image_keys=["observation.images.front"],
+        image_size=16, n_obs_steps=1, horizon=8, n_action_steps=4, down_dims=[8, 16],
+        vision_channels=[4, 8], num_keypoints=4, num_inference_steps=2,
+    )  # fmt: skip
+    policy.fit_normalizers({"observation.state": {"mean": np.zeros(4), "std": np.ones(4)},
+                            "action": {"min": -np.ones(4), "max": np.ones(4)}})  # fmt: skip
+    policy.save_pretrained(tmp_path / "front")
+    features = dict(LeRobotDataset(data).features)
+    assert main(["eval", "--policy", str(tmp_path / "front"), "--tasks", "Reach", "--episodes",
+                 "1", "--videos", "0", "--out", str(tmp_path), "--record", str(data),
+                 "record_actions=expert", "env.max_episode_steps=9"]) == 0  # fmt: skip
+    dataset = LeRobotDataset(data)
+    assert dataset.num_episodes == 2 and dict(dataset.features) == features
+    frames = dataset.episode_frames(1, keys=["observation.images.wrist", "action"])
+    wrist = frames["observation.images.wrist"]
+    assert len(wrist) == 10 and wrist.reshape(10, -1).max(axis=1).min() > 50  # rendered
+    env = sims.make("Reach", obs_mode="state")
+    try:
+        env.reset(seed=100_000)
+        expert = env.get_wrapper_attr("scripted_action")()
+    finally:
+        env.close()
+    np.testing.assert_allclose(frames["action"][0], expert, atol=1e-6)  # the expert's label

@@ -24,6 +24,7 @@ import embodied.sims as sims
 from embodied.core.config import SEED_MAX, seed_setting, setting, validate
 from embodied.core.policy import Policy
 from embodied.core.run import RunDir, progress_bar, seed_everything
+from embodied.datasets import LeRobotDataset
 from embodied.evaluation.report import write_eval_report
 from embodied.evaluation.results import EvalResult, summarize
 from embodied.evaluation.video import annotate_frames, encoder_available, write_video
@@ -36,7 +37,7 @@ from embodied.rollout.episodes import (
     rollout_vector,
 )
 from embodied.rollout.matching import check_policy_env, env_options
-from embodied.rollout.recording import open_episode_writer
+from embodied.rollout.recording import open_episode_writer, recorded_env_options
 from embodied.sims.metaworld import expand_presets
 
 SUITES = ("tabletop", "metaworld")
@@ -172,7 +173,9 @@ class EvalConfig:
     episodes: int = setting(50, low=1)
     seed: int = seed_setting(100_000)  # held out: demonstrations use seeds from 0
     videos: int = setting(1, low=0)  # episodes per task saved as MP4 (instruction, progress)
-    record: str = ""  # a LeRobot dataset to write (or append) every episode to, e.g. reward data
+    # A LeRobot dataset to write every episode to (e.g. reward data), or to append to: the env then
+    # records its cameras, image size and environment state unless env.* says otherwise
+    record: str = ""
     # The actions --record writes: the executed ones, or the scripted expert's at each state the
     # policy reaches (DAgger data for `embodied train bc ... init_policy=<this policy>`)
     record_actions: str = setting("executed", choices=RECORDS)
@@ -254,7 +257,12 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
         env_options(policy.observation_spec)
         if policy is not None
         else {"obs_mode": "state", "image_size": cfg.image_size}
-    ) | dict(cfg.env)
+    )
+    if cfg.record and (Path(cfg.record) / "meta" / "info.json").is_file():
+        # Appending records what the dataset holds (e.g. DAgger: its cameras and the state);
+        # the policy still reads only its own inputs.
+        env_kwargs |= recorded_env_options(LeRobotDataset(cfg.record).features)
+    env_kwargs |= dict(cfg.env)
     if env_kwargs.get("obs_mode") == "state":
         env_kwargs["image_size"] = cfg.image_size  # only renders for the videos
     env_kwargs["terminate_on_success"] = True  # Meta-World would run on to 500 steps

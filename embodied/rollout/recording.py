@@ -81,6 +81,29 @@ def check_observations(features: dict[str, Any], env: Any, out: Path) -> None:
             )
 
 
+def recorded_env_options(features: dict[str, Any]) -> dict[str, Any]:
+    """The env options that record what a dataset holds (``features``: its info.json's): the
+    named cameras and their image size, and ``obs_mode`` (whether it has images, the environment
+    state or both), cameras in the dataset's order. A single unnamed camera
+    (``observation.image``) is the env's default one: ``cameras`` is left unset."""
+    fields = {str(feature.get("trajectory_field", "")): feature for feature in features.values()}
+    images = {
+        field.removeprefix("observations/pixels").lstrip("/"): feature
+        for field, feature in fields.items()
+        if field == "observations/pixels" or field.startswith("observations/pixels/")
+    }
+    has_state = ENV_STATE_KEY in features
+    options: dict[str, Any] = {}
+    if images:
+        options["obs_mode"] = "pixels_state" if has_state else "pixels"
+        options["image_size"] = int(next(iter(images.values()))["shape"][0])
+        if "" not in images:
+            options["cameras"] = list(images)
+    elif has_state:
+        options["obs_mode"] = "state"
+    return options
+
+
 def state_names(env: Any, obs_mode: str) -> dict[str, list[str]]:
     """The env's names for the state observations it returns in ``obs_mode``."""
     names = env.get_wrapper_attr("feature_names")
