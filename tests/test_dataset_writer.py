@@ -394,3 +394,55 @@ def test_running_stats_totals_equal_the_aggregate() -> None:
     expected = _aggregate_stats([episode["x"] for episode in episodes])
     for stat in STAT_NAMES:
         np.testing.assert_allclose(totals.json()["x"][stat], expected[stat], rtol=1e-10)
+
+
+def test_appending_drops_added_labels_and_a_killed_drop_is_finished_on_reopen(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Labels come from the whole dataset and appended episodes do not carry them, so an append
+    may drop them (with a warning); a drop killed after its commit point (info.json) is finished
+    by the next append, so the data files keep one schema (LeRobot reads them as one table)."""
+    import pyarrow.parquet as pq
+
+    import embodied.datasets.lerobot.drop_feature as drop_module
+
+    root = tmp_path / "labelled"
+    trajectories = [make_trajectory(i, steps=8) for i in range(3)]
+    write(root, trajectories[:2], lossless=True, data_file_size_mb=0.004)
+    labels = [np.linspace(0, 1, 9, dtype=np.float32)] * 2
+    LeRobotDataset(root).add_frame_feature("progress.label", labels)
+    with (
+        pytest.raises(ValueError, match="drop_added_features=True"),
+        LeRobotDatasetWriter.open(root) as writer,
+    ):
+        writer.add_episode(trajectories[2])
+
+    def killed(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(drop_module, "_finish_drops", killed)  # after info.json, before the rest
+    with pytest.raises(KeyboardInterrupt):
+        LeRobotDatasetWriter.open(root, drop_added_features=True)
+    monkeypatch.undo()
+    data_files = sorted((root / "data").rglob("*.parquet"))
+    assert "progress.label" not in LeRobotDataset(root).features
+    assert all("progress.label" in pq.read_schema(p).names for p in data_files)  # left behind
+
+    with LeRobotDatasetWriter.open(root) as writer:  # finishes the drop, then appends
+        writer.add_episode(trajectories[2])
+    assert validate_dataset(root) == []
+    schemas = {tuple(pq.read_schema(p).names) for p in sorted((root / "data").rglob("*.parquet"))}
+    assert len(schemas) == 1 and "progress.label" not in next(iter(schemas))
+    for path in (root / "meta" / "episodes").rglob("*.parquet"):
+        assert not [c for c in pq.read_schema(path).names if c.startswith("stats/progress.label/")]
+    assert "progress.label" not in json.loads((root / "meta" / "stats.json").read_text())
+    dataset = LeRobotDataset(root)
+    assert all(trajectories_equal(dataset.episode(i), t) for i, t in enumerate(trajectories))
+
+    dataset.add_frame_feature("progress.label", [np.zeros(9, np.float32)] * 3)
+    with pytest.warns(UserWarning, match=r"dropped \['progress.label'\].*embodied label"):
+        writer = LeRobotDatasetWriter.open(root, drop_added_features=True)
+    with writer:
+        writer.add_episode(make_trajectory(3, steps=8))
+    assert validate_dataset(root) == [] and LeRobotDataset(root).num_episodes == 4
+    assert "progress.label" not in LeRobotDataset(root).features

@@ -5,6 +5,7 @@ from (tasks, episode rows, running statistics, column types)."""
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from embodied.datasets.lerobot.add_feature import _extra_features
 from embodied.datasets.lerobot.arrow import _arrow_spec
+from embodied.datasets.lerobot.drop_feature import _drop_added_features, _finish_drops
 from embodied.datasets.lerobot.files import _open_parquet, _read_table
 from embodied.datasets.lerobot.layout import (
     DATA_FILE_SIZE_MB,
@@ -66,9 +69,11 @@ def _reopen(
     lossless: bool | None,
     data_file_size_mb: float | None,
     video_file_size_mb: float | None,
+    drop_added_features: bool = False,
 ) -> _Reopened:
     """Lock ``root``, check this run's settings against it, delete what an interrupted writer
-    left, and read the committed state an appending writer continues from."""
+    left (finishing an interrupted feature drop), drop the features ``add_frame_feature`` added
+    when asked, and read the committed state an appending writer continues from."""
     if not root.is_dir():
         raise DatasetError(f"{root}: not a directory (no dataset to append to)")
     lock = DatasetLock(root, "LeRobotDatasetWriter.open (appending)")
@@ -76,6 +81,16 @@ def _reopen(
     try:
         meta = _load_metadata(root)
         _check_settings(root, meta.info, fps, lossless)
+        meta = _finish_drops(root, meta)
+        added = _extra_features(meta.info["features"])
+        if added and drop_added_features:
+            meta = _drop_added_features(root, meta, added)
+            warnings.warn(
+                f"{root}: dropped {added}, added after writing (add_frame_feature), to append "
+                "episodes that do not carry them; add them again afterwards (progress labels: "
+                "embodied label)",
+                stacklevel=3,
+            )
         features = meta.info["features"]
         stats_totals = _read_episode_stats(root, meta)
         last_schema = None

@@ -147,8 +147,10 @@ class LeRobotDatasetWriter:
         fps: int | None = None,
         lossless: bool | None = None,
         commit_interval_s: float = COMMIT_INTERVAL_S,
+        drop_added_features: bool = False,
     ) -> LeRobotDatasetWriter:
         """Append to an existing dataset; videos are encoded as the dataset's existing ones.
+        ``drop_added_features`` first removes what ``add_frame_feature`` added (with a warning).
 
         ``fps`` and ``lossless``, when given, must match the dataset's (ValueError naming the
         setting and both values otherwise). What an interrupted writer left is deleted first:
@@ -157,7 +159,9 @@ class LeRobotDatasetWriter:
         disk. Size limits default to the ones recorded in info.json.
         """
         root = Path(root)
-        found = _reopen(root, fps, lossless, data_file_size_mb, video_file_size_mb)
+        found = _reopen(
+            root, fps, lossless, data_file_size_mb, video_file_size_mb, drop_added_features
+        )
         writer = cls.__new__(cls)
         writer._start(root, found.info, found.video_info, found.lock, commit_interval_s)
         writer._tasks = {task: index for index, task in enumerate(found.tasks)}
@@ -256,7 +260,8 @@ class LeRobotDatasetWriter:
         if extras:
             raise ValueError(
                 f"cannot add episodes to {self.root}: its features {extras} were added after "
-                "writing (add_frame_feature) and trajectories do not carry them"
+                "writing (add_frame_feature) and trajectories do not carry them "
+                "(LeRobotDatasetWriter.open(..., drop_added_features=True) drops them)"
             )
         prepared = episode
         if not isinstance(episode, PreparedEpisode):

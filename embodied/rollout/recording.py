@@ -21,7 +21,8 @@ def open_episode_writer(
     out = Path(out)
 
     def append() -> LeRobotDatasetWriter:
-        return LeRobotDatasetWriter.open(out, fps=fps, lossless=lossless)
+        # Labels are derived from the whole dataset: appending drops them (a warning says so).
+        return LeRobotDatasetWriter.open(out, fps=fps, lossless=lossless, drop_added_features=True)
 
     if (out / "meta" / "info.json").exists():
         writer = append()
