@@ -303,6 +303,34 @@ def test_grpo_refuses_bad_settings(saved, tmp_path: Path) -> None:
         train_grpo(_cfg(saved, tmp_path, env={"goal_state": True}))
 
 
+def test_a_state_policys_rollouts_render_only_the_frames_the_judge_reads(saved, judge_dir) -> None:
+    """With the judge as reward, a state policy's env records render states (it rendered every
+    step before), and the frames the judge scores, replayed, equal an every-step rendering."""
+    import embodied.sims as sims
+    from embodied.core.reward import camera_frames
+    from embodied.policies import Policy
+    from embodied.rewards.models import make_reward_model
+    from embodied.rollout.episodes import ExpertActor, rollout_vector
+    from embodied.sims.replay import attach_replay_frames
+
+    judge = make_reward_model("judge", str(judge_dir), 8, torch.device("cpu"))
+    kwargs = env_kwargs("Reach", Policy.from_pretrained(saved["policy"]), judge)
+    assert kwargs["obs_mode"] == "state" and kwargs["render_state"] is True
+    frames = []
+    for options in (kwargs, {**kwargs, "obs_mode": "pixels_state", "render_state": False}):
+        vec = sims.make_vec_env("Reach", 1, autoreset_mode="disabled", max_episode_steps=6,
+                                **options)  # fmt: skip
+        try:
+            traj = list(rollout_vector(vec, ExpertActor(vec), [3]))[0]
+        finally:
+            vec.close()
+        if options["render_state"]:
+            attach_replay_frames([traj], "Reach", options)
+        frames.append(camera_frames(traj))
+    assert len(frames[0]) == 7  # every observation, at the env's default size
+    np.testing.assert_array_equal(frames[0], frames[1])
+
+
 def test_grpo_refuses_a_tabletop_policy_on_metaworld_before_any_rollout(tmp_path: Path) -> None:
     """Same action and state sizes, other state values: refused before any rollout or output."""
     pytest.importorskip("metaworld")

@@ -90,8 +90,8 @@ def env_kwargs(
     """Env options giving the policy its inputs (plus ``extra``, the config's ``env``) and a
     frame-reading reward model its camera (the one it was trained on; the first one for a model
     that does not say: ``front`` on the tabletop) at its size. A state policy's rollouts (tabletop
-    and Meta-World) record render states and render only the frames the reward model reads
-    (``embodied.sims.replay``); a camera policy's render only the images it reads, the reward
+    and Meta-World) record render states and render only the frames the reward model or judge
+    reads (``embodied.sims.replay``); a camera policy's render only the images it reads, the reward
     model's frames replayed; envs without render states render every step. A pixel policy's
     env must render the reward model's camera (``check_task`` refuses one that does not).
     Episodes end at the first success, as in evaluation (Meta-World would run on to 500 steps)."""
@@ -116,7 +116,11 @@ def env_kwargs(
                 f"{key or 'the first camera'} at {tuple(size)}; train them on the same frames"
             )
     elif kwargs["obs_mode"] == "state" and reward_model.reward_type == "judge":
-        kwargs.update(obs_mode="pixels_state")  # the judge resizes whatever camera it gets
+        # The judge resizes whatever camera it gets: the env's default one at its size.
+        if sims.supports_render_state(task):
+            kwargs.update(render_state=True)
+        else:
+            kwargs.update(obs_mode="pixels_state")
     return kwargs
 
 
