@@ -195,6 +195,22 @@ def kinematic_state(data: mujoco.MjData) -> np.ndarray:
     return np.concatenate([data.qpos, data.mocap_pos.ravel(), data.mocap_quat.ravel()])
 
 
+class PhysicsCopies:
+    """Scratch copies of an env's physics, one per name, each posed at a recorded kinematic state
+    to render it while the episode's own physics stays untouched."""
+
+    def __init__(self, model: mujoco.MjModel) -> None:
+        self.model = model
+        self._copies: dict[str, mujoco.MjData] = {}
+
+    def pose(self, state: np.ndarray, name: str = "replay") -> mujoco.MjData:
+        """Copy ``name`` (made on first use) set to ``state``, positions computed."""
+        if name not in self._copies:
+            self._copies[name] = mujoco.MjData(self.model)
+        pose_kinematic_state(self.model, self._copies[name], state)
+        return self._copies[name]
+
+
 def pose_kinematic_state(model: mujoco.MjModel, data: mujoco.MjData, state: np.ndarray) -> None:
     """Set ``data`` (a scratch copy, after the episode's reset) to a recorded
     ``kinematic_state`` and compute its positions, ready to render; ValueError naming both

@@ -39,7 +39,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
-import mujoco
 import numpy as np
 
 from embodied.sims import conventions
@@ -233,7 +232,6 @@ class MetaWorldEnv(gym.Env):
         self.terminate_on_success = terminate_on_success
         self.render_state = render_state
         self.render_images = True  # False: the next step's camera images are black
-        self._scratch: dict[str, Any] = {}  # physics copies: the reset's view, render_state_image
         self.instruction = task_instruction(task)
         self._rule = stage_rule(task)
         self.stages = self._rule.names  # ordered subtasks; ``info["stage"]`` indexes them
@@ -262,6 +260,7 @@ class MetaWorldEnv(gym.Env):
             obs_mode, cameras, height, width, state_dim, DEFAULT_CAMERA
         )
         self._blow_up = conventions.BlowUpDetector(self.model, self.data, self.frame_skip)
+        self._copies = conventions.PhysicsCopies(self.model)  # the reset's view, replays
         self._guard = conventions.EpisodeGuard()
 
         self._joint_adr = None  # qpos address of the joint the stage rule reads
@@ -290,7 +289,7 @@ class MetaWorldEnv(gym.Env):
         # position update, so its data still draws them where they were. The reset's images come
         # from a copy with the positions computed: the state the episode starts from, as its
         # render_state replays it. Meta-World's own physics is left untouched (bit for bit).
-        self._view = self._posed(conventions.kinematic_state(self.data), "reset")
+        self._view = self._copies.pose(conventions.kinematic_state(self.data), "reset")
         self._raw = np.asarray(raw, dtype=np.float64)
         self._obj_start = self._raw[4:7].copy()
         self._joint_start = self._joint_position()
@@ -346,7 +345,7 @@ class MetaWorldEnv(gym.Env):
         """``camera``'s image (default: the first camera's) of a ``render_state`` recorded in this
         episode (after the same reset: goals and object placements come from the seed), rendered
         from a scratch copy of the physics so the episode's own state is untouched."""
-        data = self._posed(state, "replay")
+        data = self._copies.pose(state)
         return self._render(self.cameras[0] if camera is None else camera, data)
 
     def close(self) -> None:
@@ -384,13 +383,6 @@ class MetaWorldEnv(gym.Env):
         }
 
     # --- internals -----------------------------------------------------------------------------
-    def _posed(self, state: np.ndarray, name: str) -> Any:
-        """Physics copy ``name`` set to the kinematic ``state``, positions computed."""
-        if name not in self._scratch:
-            self._scratch[name] = mujoco.MjData(self.model)
-        conventions.pose_kinematic_state(self.model, self._scratch[name], state)
-        return self._scratch[name]
-
     def _render(self, camera: str, data: Any = None) -> np.ndarray:
         """One upright ``uint8 [H, W, 3]`` image of ``camera`` (of ``data``, default the state the
         current observation shows)."""

@@ -37,6 +37,7 @@ from embodied.core.features import GOAL_PREFIX
 from embodied.sims.conventions import (
     BlowUpDetector,
     EpisodeGuard,
+    PhysicsCopies,
     action_space,
     check_options,
     checked_action,
@@ -45,7 +46,6 @@ from embodied.sims.conventions import (
     kinematic_state,
     observation_space,
     pixels_observation,
-    pose_kinematic_state,
 )
 from embodied.sims.registry import get_task
 from embodied.sims.render import CameraRenderer, set_render_quality
@@ -105,11 +105,11 @@ class TabletopEnv(gym.Env):
         self.goal_state = goal_state
         self.render_state = render_state
         self.render_images = True  # False: the next step's camera images are black (see above)
-        self._replay_data: mujoco.MjData | None = None
 
         self.model = mujoco.MjModel.from_xml_path(str(ASSET))
         set_render_quality(self.model, fast=fast_render)
         self.data = mujoco.MjData(self.model)
+        self._copies = PhysicsCopies(self.model)  # render_state_image's
         self.scene = Scene(self.model, self.data)
         self._renderer = CameraRenderer(self.model, height, width)
         self._blow_up = BlowUpDetector(self.model, self.data, frame_skip)
@@ -230,11 +230,8 @@ class TabletopEnv(gym.Env):
         """``camera``'s image (default: the first camera's) of a ``render_state`` recorded in this
         episode (after the same reset: the layout and colours come from the seed), rendered from
         a scratch copy of the physics so the episode's own state is untouched."""
-        if self._replay_data is None:
-            self._replay_data = mujoco.MjData(self.model)
-        pose_kinematic_state(self.model, self._replay_data, state)
         camera = self.cameras[0] if camera is None else camera
-        return self._renderer.render(self._replay_data, camera)
+        return self._renderer.render(self._copies.pose(state), camera)
 
     def close(self) -> None:
         """Release the renderer's GL context."""
