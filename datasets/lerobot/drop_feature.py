@@ -10,6 +10,7 @@ them when the dataset is next opened for appending.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +27,7 @@ def _drop_added_features(root: Path, meta: _Metadata, names: Sequence[str]) -> _
     for name in names:
         del info["features"][name]
     _write_json(root / INFO_PATH, info)
-    return _finish_drops(root, _load_metadata(root))
+    return _finish_drops(root, dataclasses.replace(meta, info=info))  # only info.json changed
 
 
 def _finish_drops(root: Path, meta: _Metadata) -> _Metadata:
