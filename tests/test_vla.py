@@ -416,5 +416,5 @@ def test_object_tokens_from_named_environment_state(tmp_path: Path, relative: bo
     )
     with pytest.raises(ValueError, match="env_state_names has 0"):
         tiny_config(env_state_encoder="objects")
-    with pytest.raises(ValueError, match="object_relative needs env_state_encoder='objects'"):
+    with pytest.raises(ValueError, match="object_relative needs object tokens"):
         tiny_config(object_relative=True)

@@ -168,3 +168,81 @@ def test_the_recipe_builds_a_pixel_vla_from_a_camera_dataset():
 def test_bad_keypoint_settings_name_the_field(overrides, message):
     with pytest.raises(ValueError, match=message):
         tiny_config(**{**KEYPOINTS, **overrides})
+
+
+# The environment state as a training-only target whose prediction makes the object tokens.
+NAMES = ["block_red.x", "block_red.y", "block_blue.x", "block_blue.y", "drawer.opening"]
+PREDICTED_OBJECTS = dict(
+    aux_state_dim=5,
+    aux_state_names=NAMES,
+    aux_state_weight=1.0,
+    aux_state_encoder="objects",
+    object_relative=True,
+)
+
+
+def test_predicted_object_tokens_train_on_a_state_the_policy_never_reads(tmp_path):
+    from embodied.core.policy import Policy
+
+    policy = keypoint_policy(**PREDICTED_OBJECTS)
+    spec = policy.observation_spec
+    assert spec.read_keys() == ["observation.image", "observation.state"] and not spec.privileged
+    assert policy.training_keys() == [*spec.read_keys(), "observation.environment_state"]
+    assert policy.config.num_object_tokens == 3  # block_red, block_blue, drawer
+    data = pixel_batch()
+    data["observation.environment_state"] = torch.randn(16, 1, 5)
+    obs = {k: data[k] for k in spec.read_keys()}
+    with pytest.raises(ValueError, match="does not read 'observation.environment_state'"):
+        policy.act({**obs, "observation.environment_state": data["observation.environment_state"]},
+                   data["instruction"], True)  # fmt: skip
+
+    loss = policy.bc_loss(data)  # the target enters BC's loss ...
+    assert set(policy.bc_terms) == {"action_nll", "aux_state"}
+    torch.testing.assert_close(loss, policy.bc_terms["action_nll"] + policy.bc_terms["aux_state"])
+    moved = {**data, "observation.environment_state": data["observation.environment_state"] + 1}
+    assert policy.bc_loss(moved) > loss
+    with pytest.raises(ValueError, match="observation.environment_state"):
+        policy.bc_loss({k: v for k, v in data.items() if k != "observation.environment_state"})
+
+    # ... and acting reads only the prediction: exact log-probs, gradients through the head.
+    out = policy.act(obs, data["instruction"], False, generator=torch.Generator().manual_seed(2))
+    log_probs = policy.log_prob(obs, data["instruction"], out.policy_outputs)
+    torch.testing.assert_close(log_probs, out.policy_outputs["log_probs"], atol=1e-4, rtol=0)
+    log_probs.sum().backward()
+    head = policy.state_head[0].weight.grad
+    assert head is not None and head.abs().sum() > 0
+
+    greedy = policy.act(obs, data["instruction"], True).actions
+    loaded = Policy.from_pretrained(policy.save_pretrained(tmp_path / "policy"))
+    torch.testing.assert_close(loaded.act(obs, data["instruction"], True).actions, greedy)
+
+
+def test_a_camera_dataset_state_becomes_the_vla_target_only_when_asked():
+    features = {
+        "observation.images.front": {"dtype": "video", "shape": [32, 32, 3]},
+        "observation.state": {"dtype": "float32", "shape": [3]},
+        "observation.environment_state": {"dtype": "float32", "shape": [5], "names": NAMES},
+        "action": {"dtype": "float32", "shape": [2]},
+    }
+    pixel = {**KEYPOINTS, "n_action_steps": 1}
+    plain = VLAPolicy.config_from_dataset(features, ["reach the red block"], 2, **pixel)
+    assert plain.env_state_dim == 0 and plain.aux_state_dim == 0 and not plain.env_state_names
+    asked = {**pixel, "aux_state_weight": 1.0, "aux_state_encoder": "objects"}
+    config = VLAPolicy.config_from_dataset(features, ["reach the red block"], 2, **asked)
+    assert (config.env_state_dim, config.aux_state_dim, config.aux_state_names) == (0, 5, NAMES)
+    assert {"block", "red", "blue", "drawer"} <= set(config.vocab)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"vision_encoder": "siglip"}, r"from a keypoint vision_encoder's keypoints"),
+        ({"aux_state_encoder": "flat", "use_proprio": False}, r"it needs use_proprio=True"),
+        ({"aux_state_encoder": "none"}, r"VLAConfig.object_relative needs object tokens"),
+        ({"aux_state_names": NAMES[:4]}, r"aux_state_names has 4 names for aux_state_dim=5"),
+        ({"aux_state_weight": -1.0}, r"VLAConfig.aux_state_weight must be >= 0"),
+    ],
+)
+def test_bad_auxiliary_settings_name_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**{**KEYPOINTS, **PREDICTED_OBJECTS, **overrides})

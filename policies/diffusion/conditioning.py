@@ -31,10 +31,9 @@ from torch import nn
 from embodied.core.features import ENV_STATE_KEY, STATE_KEY
 from embodied.core.nn import InstructionEncoder, Normalizer, ObjectStateEncoder
 from embodied.core.vision import build_image_encoder, random_shift
+from embodied.policies.aux_state import aux_state_head
 from embodied.policies.base import check_instructions
 from embodied.policies.diffusion.config import DiffusionConfig
-
-AUX_HIDDEN = 256  # hidden width of the auxiliary state head
 
 
 def observation_window(
@@ -84,11 +83,7 @@ class ObservationEncoder(nn.Module):
         self.state_head = None
         if config.aux_state_weight > 0 or config.aux_state_encoder != "none":
             keypoints = 2 * config.num_keypoints * len(config.image_keys)
-            self.state_head = nn.Sequential(
-                nn.Linear(keypoints, AUX_HIDDEN),
-                nn.Mish(),
-                nn.Linear(AUX_HIDDEN, config.aux_state_dim),
-            )
+            self.state_head = aux_state_head(keypoints, config.aux_state_dim)
         self.object_encoder = None
         objects = config.env_state_encoder == "objects" or config.aux_state_encoder == "objects"
         if objects:

@@ -8,13 +8,12 @@ from dataclasses import dataclass, field
 from embodied.core.config import check_choice, check_floats, check_ints
 from embodied.core.nn import UNKNOWN_WORD
 from embodied.core.vision import check_image_shift, check_vision_encoder
+from embodied.policies.aux_state import check_aux_state
 from embodied.policies.base import (
     check_chunk,
     check_env_state_encoder,
     check_image_keys,
 )
-
-AUX_STATE_ENCODERS = ("none", "flat", "objects")
 
 
 @dataclass
@@ -80,7 +79,6 @@ class DiffusionConfig:
         self.down_dims = list(self.down_dims)
         self.vision_channels = list(self.vision_channels)
         self.cond_mlp_dims = list(self.cond_mlp_dims)
-        self.aux_state_names = [str(n) for n in self.aux_state_names]
         if self.finetune_steps is None:
             self.finetune_steps = self.num_inference_steps
         check_ints(
@@ -159,31 +157,8 @@ class DiffusionConfig:
         """Camera-encoder and auxiliary-state settings that can work together."""
         name = type(self).__name__
         check_vision_encoder(self.vision_encoder)
-        check_choice(self, "aux_state_encoder", AUX_STATE_ENCODERS)
         check_image_shift(name, self.vision_encoder, self.image_shift, self.image_size)
-        if self.aux_state_weight < 0:
-            raise ValueError(f"{name}.aux_state_weight must be >= 0, got {self.aux_state_weight}")
-        uses_aux = self.aux_state_weight > 0 or self.aux_state_encoder != "none"
-        if uses_aux and (not self.image_keys or self.aux_state_dim == 0):
-            raise ValueError(
-                f"{name}.aux_state_weight / aux_state_encoder predict the environment state "
-                f"from the cameras: they need image_keys (got {self.image_keys}) and "
-                f"aux_state_dim > 0 (got {self.aux_state_dim})"
-            )
-        if self.aux_state_encoder != "none" and self.env_state_dim:
-            raise ValueError(
-                f"{name}.aux_state_encoder conditions on the predicted environment state; it "
-                f"cannot be combined with the observed one (env_state_dim={self.env_state_dim})"
-            )
-        if self.aux_state_names and len(self.aux_state_names) != self.aux_state_dim:
-            raise ValueError(
-                f"{name}.aux_state_names has {len(self.aux_state_names)} names for "
-                f"aux_state_dim={self.aux_state_dim}"
-            )
-        if self.aux_state_encoder == "objects" and not self.aux_state_names:
-            raise ValueError(
-                f"{name}.aux_state_encoder='objects' needs aux_state_names (object.quantity)"
-            )
+        check_aux_state(self)
         if self.aux_state_encoder == "objects" and self.embed_dim % self.object_heads:
             raise ValueError(
                 f"{name}.object_heads ({self.object_heads}) must divide embed_dim "

@@ -58,6 +58,12 @@ from embodied.core.nn import Normalizer, build_vocab
 from embodied.core.policy import ActionOutput, register_policy
 from embodied.core.sampling import Generators, randn
 from embodied.policies.augment import PlanarAugment
+from embodied.policies.aux_state import (
+    AuxStateTarget,
+    aux_state_loss,
+    aux_state_values,
+    fit_aux_normalizer,
+)
 from embodied.policies.base import (
     ChunkedPolicy,
     NormalizedPolicy,
@@ -97,7 +103,7 @@ class DiffusionNet(ObservationEncoder):
 
 
 @register_policy("diffusion")
-class DiffusionPolicy(ChunkedPolicy, NormalizedPolicy):
+class DiffusionPolicy(AuxStateTarget, ChunkedPolicy, NormalizedPolicy):
     """Diffusion Policy (DDPM training, DDIM sampling) with DPPO log-probabilities."""
 
     config_class = DiffusionConfig
@@ -163,15 +169,7 @@ class DiffusionPolicy(ChunkedPolicy, NormalizedPolicy):
         require_features(features, (STATE_KEY, "action"))
         image_keys, image_size = dataset_cameras(features)
         env_values, texts = env_state_values(features, tasks)
-        if (
-            overrides.get("aux_state_weight", 0)
-            or overrides.get("aux_state_encoder", "none") != "none"
-        ):
-            # The environment state is then the auxiliary target, never an input.
-            env_values = {
-                "aux_state_dim": env_values.get("env_state_dim", 0),
-                "aux_state_names": env_values.get("env_state_names", []),
-            }
+        env_values = aux_state_values(env_values, overrides)  # a target, or an input
         values: dict[str, Any] = {
             **dataset_state_values(features),
             "action_dim": int(features["action"]["shape"][-1]),
@@ -197,19 +195,8 @@ class DiffusionPolicy(ChunkedPolicy, NormalizedPolicy):
             if env_state is not None:
                 stats[ENV_STATE_KEY] = env_state
         if self.aux_state_normalizer is not None:
-            if ENV_STATE_KEY not in stats:
-                raise ValueError(
-                    f"the auxiliary state target needs {ENV_STATE_KEY!r} statistics; given: "
-                    f"{sorted(stats)}"
-                )
-            self.aux_state_normalizer.fit(stats[ENV_STATE_KEY])
+            fit_aux_normalizer(self.aux_state_normalizer, stats)
         return self.fit_state_normalizers(stats)
-
-    def training_keys(self) -> list[str]:
-        """The observed features plus the environment state when it is the auxiliary target
-        (a training label only: ``act`` never reads it)."""
-        aux = [ENV_STATE_KEY] if self.aux_state_normalizer is not None else []
-        return list(dict.fromkeys([*self.observation_spec.read_keys(), *aux]))
 
     @property
     def observation_spec(self) -> ObservationSpec:
@@ -294,8 +281,9 @@ class DiffusionPolicy(ChunkedPolicy, NormalizedPolicy):
         aux = cond.new_zeros(())
         if config.aux_state_weight > 0:
             target = self._window(batch, ENV_STATE_KEY, config.aux_state_dim)
-            target = self.aux_state_normalizer.normalize(target)
-            aux = config.aux_state_weight * ((predicted - target) ** 2).mean()
+            aux = aux_state_loss(
+                predicted, target, self.aux_state_normalizer, config.aux_state_weight
+            )
         self.bc_terms = {"aux_state": aux.detach()}
         x0 = self.action_normalizer.normalize(actions)
         if self.planar_augment is not None:  # a turned action may leave the data's range

@@ -215,14 +215,14 @@ class KeypointTokens(nn.Module):
 
     def forward(
         self, images: Sequence[torch.Tensor], condition: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One uint8 ``[B, H, W, 3]`` per camera (and ``condition [B, hidden]`` with FiLM) ->
-        ``[B, cameras * num_keypoints, hidden]``."""
-        points = [
-            encoder(image, condition) for encoder, image in zip(self.encoders, images, strict=True)
-        ]
-        xy = torch.cat(points, dim=-1).reshape(len(images[0]), -1, 2)
-        return self.position(xy) + self.embedding
+        the tokens ``[B, cameras * num_keypoints, hidden]`` and the keypoints they place,
+        ``[B, cameras * num_keypoints * 2]`` (what a state head reads)."""
+        cameras = zip(self.encoders, images, strict=True)
+        points = torch.cat([encoder(image, condition) for encoder, image in cameras], dim=-1)
+        xy = points.reshape(len(images[0]), -1, 2)
+        return self.position(xy) + self.embedding, points
 
 
 def padded_ids(

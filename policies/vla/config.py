@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from embodied.core.config import check_choice, check_floats, check_ints
 from embodied.core.nn import UNKNOWN_WORD, object_groups, tokenize_words
 from embodied.core.vision import VISION_ENCODERS, check_image_shift, check_vision_encoder
+from embodied.policies.aux_state import check_aux_state, wants_aux_state
 from embodied.policies.base import (
     check_chunk,
     check_env_state_encoder,
@@ -51,6 +52,13 @@ class VLAConfig:
     pretrained_blocks: int = 4  # efficientnet_lite0: MBConv blocks kept (4: stride 8)
     vision_film: bool = False  # FiLM a keypoint encoder's map by the instruction's mean embedding
     image_shift: int = 0  # BC augmentation (DrQ): images padded by this many pixels, cropped
+    # Training-only target (policies/aux_state.py): the environment state predicted from the
+    # keypoints; aux_state_encoder "flat" / "objects" read the PREDICTED state (in the proprio
+    # MLP / as object tokens), never the observed one
+    aux_state_dim: int = 0
+    aux_state_names: list[str] = field(default_factory=list)
+    aux_state_weight: float = 0.0  # weight of the MSE of the normalised predicted state
+    aux_state_encoder: str = "none"
     # The tiny backbone (ignored with backbone_path):
     patch_size: int = 8
     vision_hidden_size: int = 64
@@ -89,6 +97,7 @@ class VLAConfig:
                 "num_keypoints": 1,
                 "pretrained_blocks": 1,
                 "image_shift": 0,
+                "aux_state_dim": 0,
                 "patch_size": 1,
                 "vision_hidden_size": 1,
                 "vision_layers": 1,
@@ -135,12 +144,25 @@ class VLAConfig:
             )
 
     def _check_inputs(self) -> None:
-        """Proprio and object tokens need the states they read; images a mean/std per channel."""
-        if self.object_relative and (self.env_state_encoder != "objects" or self.state_dim < 3):
+        """Proprio and object tokens need the states they read; images a mean/std per channel;
+        the predicted state a keypoint encoder to predict it from."""
+        check_aux_state(self)
+        if wants_aux_state(vars(self)) and not self.keypoint_vision:
             raise ValueError(
-                "VLAConfig.object_relative needs env_state_encoder='objects' and an "
-                f"observation.state starting with the hand's xyz (state_dim >= 3), got "
-                f"env_state_encoder={self.env_state_encoder!r}, state_dim={self.state_dim}"
+                "VLAConfig.aux_state_weight / aux_state_encoder predict the state from a keypoint "
+                f"vision_encoder's keypoints, got vision_encoder={self.vision_encoder!r}"
+            )
+        if self.aux_state_encoder == "flat" and not self.use_proprio:
+            raise ValueError(
+                "VLAConfig.aux_state_encoder='flat' reads it in the proprio tokens: "
+                "it needs use_proprio=True"
+            )
+        if self.object_relative and (not self.object_state_names or self.state_dim < 3):
+            raise ValueError(
+                "VLAConfig.object_relative needs object tokens (env_state_encoder or "
+                "aux_state_encoder 'objects') and an observation.state starting with the hand's "
+                f"xyz (state_dim >= 3), got env_state_encoder={self.env_state_encoder!r}, "
+                f"aux_state_encoder={self.aux_state_encoder!r}, state_dim={self.state_dim}"
             )
         if not isinstance(self.use_proprio, bool):
             raise ValueError(f"VLAConfig.use_proprio must be a bool, got {self.use_proprio!r}")
@@ -186,7 +208,9 @@ class VLAConfig:
         """Width of the proprio MLP's input (0 = no proprio tokens)."""
         if not self.use_proprio:
             return 0
-        return self.state_dim + (self.env_state_dim if self.env_state_encoder == "flat" else 0)
+        env = self.env_state_dim if self.env_state_encoder == "flat" else 0
+        predicted = self.aux_state_dim if self.aux_state_encoder == "flat" else 0
+        return self.state_dim + env + predicted
 
     @property
     def keypoint_vision(self) -> bool:
@@ -203,10 +227,16 @@ class VLAConfig:
 
     @property
     def num_object_tokens(self) -> int:
-        """Prompt tokens of the environment state's objects (``env_state_encoder="objects"``)."""
-        if self.env_state_encoder != "objects":
-            return 0
-        return len(object_groups(self.env_state_names))
+        """Prompt tokens of the (observed or predicted) environment state's objects."""
+        return len(object_groups(self.object_state_names))
+
+    @property
+    def object_state_names(self) -> list[str]:
+        """The ``object.quantity`` names the object tokens read: the observed environment
+        state's (``env_state_encoder="objects"``), the predicted one's, or none."""
+        if self.env_state_encoder == "objects":
+            return self.env_state_names
+        return self.aux_state_names if self.aux_state_encoder == "objects" else []
 
     @property
     def num_action_tokens(self) -> int:

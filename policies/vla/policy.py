@@ -18,20 +18,16 @@ Input sequence of one decision (embeddings, no attention mask: every position is
   input embedding of the object's name words plus a linear map of its normalised values
   (``ObjectTokens``). The decoder can then match "red" in the instruction with ``block_red``.
   With ``object_relative`` a token also carries its object's offset from the hand.
+- the predicted state (``aux_state_*``, ``policies/aux_state.py``): a head maps the keypoints to
+  the environment state, BC's training-only target; ``aux_state_encoder`` "objects" makes the
+  object tokens from this prediction ("flat": into the proprio MLP), so a camera policy gets
+  object tokens without ever reading the observed state.
 - the instruction: ``max_instruction_tokens`` ids, left-padded with ``<pad>`` (a fixed-length
   slot, so a decision does not depend on what else is in its batch); longer instructions keep
   their first ``max_instruction_tokens`` tokens.
 
-Action tokenizer (OpenVLA): each action dimension is cut into ``n_bins`` uniform bins between
-``action_low`` and ``action_high`` (buffers set by ``fit_normalizers``); a value maps to the bin it
-falls in (values outside are clipped to the end bins) and a bin decodes to its centre. Bin ``i``
-of any dimension is token ``action_token_start + i``: the last ``n_bins`` ids of the vocabulary.
-``action_range="min_max"`` (default) takes the bounds from the dataset's per-dimension min/max,
-``"quantile"`` from its q01/q99 (OpenVLA's choice, robust to outliers). The default is min/max
-because the toolkit's actions already live in the env box [-1, 1] (no outliers to cut) and because
-the q01/q99 of a LeRobot ``stats.json`` are the count-weighted *mean of per-episode quantiles*
-(``datasets/lerobot/stats.py``), which can be far inside the real range (e.g. Reach: q01 -0.13
-while 10% of the actions are -1), so binning by them would clip real actions.
+Action tokenizer (``tokenizer.py``, OpenVLA): each action dimension is cut into ``n_bins`` uniform
+bins; bin ``i`` of any dimension is token ``action_token_start + i``.
 
 A decision is ``n_action_steps`` (the chunk) actions of ``A`` dimensions: ``K = chunk * A`` tokens,
 decoded autoregressively step-major (all dimensions of step 0, then step 1, ...).
@@ -69,6 +65,14 @@ from embodied.core.nn import Normalizer, ObjectTokens, build_vocab, mean_embeddi
 from embodied.core.policy import ActionOutput, register_policy
 from embodied.core.sampling import Generators, multinomial
 from embodied.core.vision import random_shift
+from embodied.policies.aux_state import (
+    AuxStateTarget,
+    aux_state_head,
+    aux_state_loss,
+    aux_state_values,
+    fit_aux_normalizer,
+    wants_aux_state,
+)
 from embodied.policies.base import (
     ACTION_HIGH,
     ACTION_LOW,
@@ -89,10 +93,11 @@ from embodied.policies.vla.backbone import (
     padded_ids,
 )
 from embodied.policies.vla.config import VLAConfig
+from embodied.policies.vla.tokenizer import ActionTokenizer
 
 
 @register_policy("vla")
-class VLAPolicy(ChunkedPolicy):
+class VLAPolicy(AuxStateTarget, ActionTokenizer, ChunkedPolicy):
     """Image-text-to-text backbone + OpenVLA action tokens, with proprio tokens and chunking."""
 
     config_class = VLAConfig
@@ -115,6 +120,14 @@ class VLAPolicy(ChunkedPolicy):
         self.register_buffer("image_mean", mean.view(1, 3, 1, 1), persistent=False)
         self.register_buffer("image_std", std.view(1, 3, 1, 1), persistent=False)
         self.keypoint_tokens = KeypointTokens(config, hidden) if config.keypoint_vision else None
+        # The environment state predicted from the keypoints (a training target; never observed).
+        self.aux_state_normalizer = (
+            Normalizer(config.aux_state_dim, "mean_std") if config.aux_state_dim else None
+        )
+        self.state_head = None
+        if wants_aux_state(vars(config)):
+            keypoints = 2 * config.num_keypoints * len(config.image_keys)
+            self.state_head = aux_state_head(keypoints, config.aux_state_dim)
         self.state_normalizer = (
             Normalizer(config.state_dim, "mean_std")
             if config.use_proprio and config.state_dim > 0
@@ -136,8 +149,8 @@ class VLAPolicy(ChunkedPolicy):
             else None
         )
         self.object_tokens = (
-            ObjectTokens(config.env_state_names, hidden, config.object_relative)
-            if objects
+            ObjectTokens(config.object_state_names, hidden, config.object_relative)
+            if config.object_state_names
             else None
         )
         if self.object_tokens is not None:  # object names, embedded with the backbone's words
@@ -167,8 +180,9 @@ class VLAPolicy(ChunkedPolicy):
             raise ValueError(f"the VLA needs a camera; dataset features: {sorted(features)}")
         tasks = list(tasks)
         env_values, texts = env_state_values(features, tasks)
-        if overrides.get("env_state_dim") == 0:  # a pixel VLA: the state's names do not apply
-            env_values = {}
+        if overrides.get("env_state_dim") == 0 and not wants_aux_state(overrides):
+            env_values = {}  # a pixel VLA: the state's names do not apply
+        env_values = aux_state_values(env_values, overrides)  # a target, or an input
         values: dict[str, Any] = {
             "action_dim": int(features["action"]["shape"][-1]),
             "image_keys": image_keys,
@@ -189,35 +203,9 @@ class VLAPolicy(ChunkedPolicy):
         """State normalisers (mean/std) and the action bins' bounds (min/max or q01/q99)."""
         normalizers = {STATE_KEY: self.state_normalizer, ENV_STATE_KEY: self.env_state_normalizer}
         fit_normalizers(stats, normalizers, needed=["action"])
-        low_key, high_key = (
-            ("min", "max") if self.config.action_range == "min_max" else ("q01", "q99")
-        )
-        action = stats["action"]
-        if low_key not in action or high_key not in action:
-            raise ValueError(
-                f"action statistics lack {low_key!r}/{high_key!r} (action_range="
-                f"{self.config.action_range!r}); given: {sorted(action)}"
-            )
-        self.set_action_range(action[low_key], action[high_key])
-        return self
-
-    @torch.no_grad()
-    def set_action_range(self, low: Any, high: Any) -> VLAPolicy:
-        """Set the action bins' bounds ``[A]`` (raw units). A dimension whose range is (nearly)
-        empty gets a tiny one around its value, so it decodes back to that value."""
-        low = torch.as_tensor(low, dtype=torch.float32).reshape(-1)
-        high = torch.as_tensor(high, dtype=torch.float32).reshape(-1)
-        if low.shape != self.action_low.shape or high.shape != self.action_low.shape:
-            raise ValueError(
-                f"action range has shapes {tuple(low.shape)} / {tuple(high.shape)}, the policy "
-                f"expects {tuple(self.action_low.shape)}"
-            )
-        if not (torch.isfinite(low).all() and torch.isfinite(high).all() and (high >= low).all()):
-            raise ValueError(f"action range must be finite with high >= low, got {low} .. {high}")
-        flat = (high - low) < 1e-6
-        centre = (high + low) / 2
-        self.action_low.copy_(torch.where(flat, centre - 1e-3, low))
-        self.action_high.copy_(torch.where(flat, centre + 1e-3, high))
+        if self.aux_state_normalizer is not None:
+            fit_aux_normalizer(self.aux_state_normalizer, stats)
+        self.fit_action_range(stats["action"])
         return self
 
     @property
@@ -228,36 +216,6 @@ class VLAPolicy(ChunkedPolicy):
             reads_state=self.state_normalizer is not None,
             reads_env_state=self.env_state_normalizer is not None,
         )
-
-    # --- the action tokenizer ------------------------------------------------------------------
-    @property
-    def bin_width(self) -> torch.Tensor:
-        """Per-dimension bin width ``[A]``."""
-        return (self.action_high - self.action_low) / self.config.n_bins
-
-    def encode_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        """Raw actions ``[..., A]`` -> bin indices ``[..., A]`` in ``0 .. n_bins - 1`` (clipped)."""
-        x = (actions.float() - self.action_low) / (self.action_high - self.action_low)
-        bins = torch.floor(x * self.config.n_bins).long()
-        return bins.clamp(0, self.config.n_bins - 1)
-
-    def decode_actions(self, bins: torch.Tensor) -> torch.Tensor:
-        """Bin indices ``[..., A]`` -> raw actions ``[..., A]`` at the bin centres."""
-        if bins.min() < 0 or bins.max() >= self.config.n_bins:
-            raise ValueError(f"action bins must lie in 0 .. {self.config.n_bins - 1}")
-        return self.action_low + (bins.float() + 0.5) * self.bin_width
-
-    def encode(self, actions: torch.Tensor) -> torch.Tensor:
-        """Raw action chunks ``[B, chunk, A]`` -> vocabulary ids ``[B, chunk * A]`` (step-major)."""
-        return (self.encode_actions(actions) + self.action_token_start).flatten(-2)
-
-    def decode(self, ids: torch.Tensor) -> torch.Tensor:
-        """Vocabulary ids ``[B, chunk * A]`` -> raw chunks ``[B, chunk, A]`` (bin centres)."""
-        a = self.config.action_dim
-        if ids.shape[-1] % a:
-            raise ValueError(f"{ids.shape[-1]} action tokens are not a whole number of {a}-D steps")
-        bins = ids - self.action_token_start
-        return self.decode_actions(bins.reshape(*ids.shape[:-1], ids.shape[-1] // a, a))
 
     # --- observations -> prefix embeddings --------------------------------------------------------
     def _instruction_ids(self, instructions: Sequence[str], batch: int) -> torch.Tensor:
@@ -270,7 +228,14 @@ class VLAPolicy(ChunkedPolicy):
     def prefix_embeddings(
         self, obs: Mapping[str, Any], instructions: Sequence[str]
     ) -> torch.Tensor:
-        """``[B, P, hidden]``: bos, image tokens, proprio tokens, instruction slot."""
+        """``[B, P, hidden]``: bos, image tokens, proprio tokens, object tokens, instruction."""
+        return self._prefix(obs, instructions)[0]
+
+    def _prefix(
+        self, obs: Mapping[str, Any], instructions: Sequence[str]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The prefix and the environment state predicted from the keypoints (normalised
+        ``[B, aux_state_dim]``; None without a state head)."""
         config = self.config
         size = (config.image_size, config.image_size, 3)
         images = [newest_step(obs, k, size, torch.uint8, self.device) for k in config.image_keys]
@@ -283,9 +248,11 @@ class VLAPolicy(ChunkedPolicy):
                 )
         ids = self._instruction_ids(instructions, batch)
         embed = self.backbone.get_input_embeddings()
+        predicted = None
         if self.keypoint_tokens is not None:
             film = mean_embedding(embed, ids, ids != self.pad_id) if config.vision_film else None
-            features = self.keypoint_tokens(images, film)
+            features, points = self.keypoint_tokens(images, film)
+            predicted = self.state_head(points) if self.state_head is not None else None
         else:
             features = image_features(
                 self.backbone, torch.cat(images), self.vision_size, self.image_mean, self.image_std
@@ -309,8 +276,13 @@ class VLAPolicy(ChunkedPolicy):
                     f"expected (from {config.image_keys[0]!r})"
                 )
             states[key], raw[key] = normalizer.normalize(state), state
-        if self.object_tokens is not None:
-            env_state = states.pop(ENV_STATE_KEY)
+        objects = None  # the values the object tokens read: (normalised, raw)
+        if config.env_state_encoder == "objects":
+            objects = states.pop(ENV_STATE_KEY), raw[ENV_STATE_KEY]
+        elif config.aux_state_encoder == "objects":
+            objects = predicted, self.aux_state_normalizer.unnormalize(predicted)
+        elif config.aux_state_encoder == "flat":
+            states["predicted"] = predicted
         if self.proprio is not None:
             tokens = self.proprio(torch.cat(list(states.values()), dim=-1))
             parts.append(tokens.reshape(batch, config.n_proprio_tokens, -1).to(embed.weight.dtype))
@@ -320,10 +292,11 @@ class VLAPolicy(ChunkedPolicy):
             if config.object_relative:  # observation.state starts with the grip site's xyz
                 trailing = (config.state_dim,)
                 hand = newest_step(obs, STATE_KEY, trailing, torch.float32, self.device)[:, :3]
-            tokens = self.object_tokens(env_state, names, raw[ENV_STATE_KEY], hand)
+            values, raw_values = objects
+            tokens = self.object_tokens(values, names, raw_values, hand)
             parts.append(tokens.to(embed.weight.dtype))
         parts.append(embed(ids))
-        return torch.cat(parts, dim=1)
+        return torch.cat(parts, dim=1), predicted
 
     # --- the constrained distribution ----------------------------------------------------------
     def action_logits(self, hidden: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -431,7 +404,8 @@ class VLAPolicy(ChunkedPolicy):
         return log_p.gather(-1, (ids - self.action_token_start)[..., None]).squeeze(-1)
 
     def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """Cross-entropy of the expert chunk's action tokens (temperature 1), pads masked out."""
+        """Cross-entropy of the expert chunk's action tokens (temperature 1), pads masked out,
+        plus the auxiliary state target's weighted MSE (``aux_state_weight > 0``)."""
         config = self.config
         if "instruction" not in batch or "action" not in batch:
             raise ValueError(f"batch needs 'action' and 'instruction'; keys: {sorted(batch)}")
@@ -442,7 +416,7 @@ class VLAPolicy(ChunkedPolicy):
                 if k in batch
             }
             batch = {**batch, **shifted}
-        prefix = self.prefix_embeddings(batch, batch["instruction"])
+        prefix, predicted = self._prefix(batch, batch["instruction"])
         actions = torch.as_tensor(batch["action"], device=self.device, dtype=torch.float32)
         start, chunk = config.n_obs_steps - 1, config.n_action_steps
         if (
@@ -470,4 +444,13 @@ class VLAPolicy(ChunkedPolicy):
         else:
             keep = torch.ones_like(ids, dtype=torch.bool)
         keep = keep.to(nll.dtype)
-        return (nll * keep).sum() / keep.sum().clamp(min=1.0)
+        loss = (nll * keep).sum() / keep.sum().clamp(min=1.0)
+        if config.aux_state_weight > 0:
+            trailing = (config.aux_state_dim,)
+            target = newest_step(batch, ENV_STATE_KEY, trailing, torch.float32, self.device)
+            aux = aux_state_loss(
+                predicted, target, self.aux_state_normalizer, config.aux_state_weight
+            )
+            self.bc_terms = {"action_nll": loss.detach(), "aux_state": aux.detach()}
+            loss = loss + aux
+        return loss
