@@ -68,11 +68,15 @@ def check_aux_state(config: Any) -> None:
         )
 
 
-def aux_state_head(keypoint_values: int, state_dim: int) -> nn.Sequential:
-    """The head mapping every camera's keypoints ``[N, keypoint_values]`` (x, y each) to the
-    normalised environment state ``[N, state_dim]``."""
+def aux_state_head(config: Any) -> nn.Sequential | None:
+    """The head mapping every camera's keypoints ``[N, cameras * num_keypoints * 2]`` (x, y
+    each) to the normalised environment state ``[N, aux_state_dim]``; None when the config
+    asks for no auxiliary target."""
+    if not wants_aux_state(vars(config)):
+        return None
+    keypoints = 2 * config.num_keypoints * len(config.image_keys)
     return nn.Sequential(
-        nn.Linear(keypoint_values, AUX_HIDDEN), nn.Mish(), nn.Linear(AUX_HIDDEN, state_dim)
+        nn.Linear(keypoints, AUX_HIDDEN), nn.Mish(), nn.Linear(AUX_HIDDEN, config.aux_state_dim)
     )
 
 

@@ -80,10 +80,7 @@ class ObservationEncoder(nn.Module):
         self.instruction_encoder = InstructionEncoder(config.vocab, config.embed_dim)
         per_step = len(config.image_keys) * config.embed_dim + config.state_dim
         # The environment state predicted from every camera's keypoints (normalised), per step.
-        self.state_head = None
-        if config.aux_state_weight > 0 or config.aux_state_encoder != "none":
-            keypoints = 2 * config.num_keypoints * len(config.image_keys)
-            self.state_head = aux_state_head(keypoints, config.aux_state_dim)
+        self.state_head = aux_state_head(config)
         self.object_encoder = None
         objects = config.env_state_encoder == "objects" or config.aux_state_encoder == "objects"
         if objects:

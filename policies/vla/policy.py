@@ -124,10 +124,7 @@ class VLAPolicy(AuxStateTarget, ActionTokenizer, ChunkedPolicy):
         self.aux_state_normalizer = (
             Normalizer(config.aux_state_dim, "mean_std") if config.aux_state_dim else None
         )
-        self.state_head = None
-        if wants_aux_state(vars(config)):
-            keypoints = 2 * config.num_keypoints * len(config.image_keys)
-            self.state_head = aux_state_head(keypoints, config.aux_state_dim)
+        self.state_head = aux_state_head(config)
         self.state_normalizer = (
             Normalizer(config.state_dim, "mean_std")
             if config.use_proprio and config.state_dim > 0
