@@ -18,6 +18,11 @@ from embodied.core.nn import Normalizer
 
 AUX_STATE_ENCODERS = ("none", "flat", "objects")  # how the policy reads the predicted state
 AUX_HIDDEN = 256  # hidden width of the state head
+# The smallest scale of a target value, in the state's units (1 cm, 0.01 of a quaternion or of a
+# joint's travel), about a pixel of a 64 px camera. A value that barely varies (a resting block's
+# height, std 0.9 mm; a fixed cabinet's 0.1 mm jitter) divided by its own std becomes unit-variance
+# noise no camera can predict: such values made most of the loss and its gradient.
+AUX_MIN_SCALE = 0.01
 
 
 def wants_aux_state(settings: Mapping[str, Any]) -> bool:
@@ -81,12 +86,14 @@ def aux_state_head(config: Any) -> nn.Sequential | None:
 
 
 def fit_aux_normalizer(normalizer: Normalizer, stats: Mapping[str, Mapping[str, Any]]) -> None:
-    """Scale the target by the dataset's environment-state mean/std."""
+    """Scale the target by the dataset's environment-state mean and std, the std floored at
+    ``AUX_MIN_SCALE``: a near-constant value then stays near zero instead of becoming noise."""
     if ENV_STATE_KEY not in stats:
         raise ValueError(
             f"the auxiliary state target needs {ENV_STATE_KEY!r} statistics; given: {sorted(stats)}"
         )
     normalizer.fit(stats[ENV_STATE_KEY])
+    normalizer.scale.clamp_(min=AUX_MIN_SCALE)
 
 
 def aux_state_loss(

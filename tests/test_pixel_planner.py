@@ -265,6 +265,27 @@ def test_auxiliary_state_is_a_training_target_only(tmp_path):
     )
 
 
+def test_a_near_constant_state_value_does_not_become_noise_in_the_target():
+    """A resting block's height varies by ~1 mm, a fixed cabinet's by 0.1 mm: scaled by their own
+    std those jitters were unit-variance noise that no camera resolves, and they made most of
+    Push's auxiliary loss. With the std floored at 1 cm they stay near zero."""
+    std = np.array([0.1, 0.1, 0.0009, 0.0001, 2.0])
+    stats = {**STATS, ENV_STATE_KEY: {"mean": np.zeros(5), "std": std}}
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(pixel_config()).fit_normalizers(stats).train()
+    jitter = torch.zeros(5)
+    jitter[2:4] = torch.as_tensor(3 * std[2:4], dtype=torch.float32)  # 3 std of each
+    scaled = policy.aux_state_normalizer.normalize(jitter)
+    assert scaled[2:4].abs().max() < 0.3 and scaled[[0, 1, 4]].abs().max() == 0
+    data = batch()
+    torch.manual_seed(1)
+    policy.bc_loss(data)
+    clean = float(policy.bc_terms["aux_state"])
+    torch.manual_seed(1)
+    policy.bc_loss({**data, ENV_STATE_KEY: data[ENV_STATE_KEY] + jitter})
+    assert abs(float(policy.bc_terms["aux_state"]) - clean) < 0.05 * clean
+
+
 def test_the_camera_recipe_saves_and_loads_in_a_fresh_process(tmp_path):
     """The recipe configs/bc_pixels.yaml ships (FiLM'd ResNet, auxiliary state head): a new
     interpreter loading the saved policy samples the same actions for the same noise."""
