@@ -92,8 +92,7 @@ def fit_aux_normalizer(normalizer: Normalizer, stats: Mapping[str, Mapping[str, 
         raise ValueError(
             f"the auxiliary state target needs {ENV_STATE_KEY!r} statistics; given: {sorted(stats)}"
         )
-    normalizer.fit(stats[ENV_STATE_KEY])
-    normalizer.scale.clamp_(min=AUX_MIN_SCALE)
+    normalizer.fit(stats[ENV_STATE_KEY], min_scale=AUX_MIN_SCALE)
 
 
 def aux_state_loss(

@@ -266,8 +266,9 @@ class Normalizer(nn.Module):
         self.register_buffer("scale", torch.ones(dim))
 
     @torch.no_grad()
-    def fit(self, stats: Mapping[str, Any]) -> Normalizer:
-        """Set the buffers from a feature's statistics (``mean``/``std`` or ``min``/``max``)."""
+    def fit(self, stats: Mapping[str, Any], min_scale: float = 0.0) -> Normalizer:
+        """Set the buffers from a feature's statistics (``mean``/``std`` or ``min``/``max``); a
+        scale that is not constant is raised to at least ``min_scale``."""
 
         def get(key: str) -> torch.Tensor:
             return torch.as_tensor(np.asarray(stats[key], dtype=np.float32).reshape(-1))
@@ -283,7 +284,7 @@ class Normalizer(nn.Module):
                 f"{tuple(self.shift.shape)}"
             )
         self.shift.copy_(shift)
-        self.scale.copy_(torch.where(scale > 1e-6, scale, torch.ones_like(scale)))
+        self.scale.copy_(torch.where(scale > 1e-6, scale.clamp(min=min_scale), 1.0))
         return self
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
