@@ -2,7 +2,7 @@
 cameras' spatial-softmax keypoints, BC adds the MSE of the normalised prediction, and the policy
 may read the *prediction* (``aux_state_encoder``), never the observed state. The diffusion
 planner and the VLA share these settings (``aux_state_dim``, ``aux_state_names``,
-``aux_state_weight``, ``aux_state_encoder``) and their checks."""
+``aux_state_weight``, ``aux_state_encoder``, ``aux_state_quantities``) and their checks."""
 
 from __future__ import annotations
 
@@ -71,18 +71,55 @@ def check_aux_state(config: Any) -> None:
         raise ValueError(
             f"{name}.aux_state_encoder='objects' needs aux_state_names (object.quantity)"
         )
+    config.aux_state_quantities = [str(q) for q in config.aux_state_quantities]
+    if config.aux_state_quantities:
+        present = {n.rpartition(".")[2] for n in config.aux_state_names}
+        missing = sorted(set(config.aux_state_quantities) - present)
+        if missing:
+            raise ValueError(
+                f"{name}.aux_state_quantities names {missing}, which no aux_state_names value "
+                f"has (its quantities: {sorted(present)})"
+            )
 
 
-def aux_state_head(config: Any) -> nn.Sequential | None:
-    """The head mapping every camera's keypoints ``[N, cameras * num_keypoints * 2]`` (x, y
-    each) to the normalised environment state ``[N, aux_state_dim]``; None when the config
-    asks for no auxiliary target."""
-    if not wants_aux_state(vars(config)):
-        return None
-    keypoints = 2 * config.num_keypoints * len(config.image_keys)
-    return nn.Sequential(
-        nn.Linear(keypoints, AUX_HIDDEN), nn.Mish(), nn.Linear(AUX_HIDDEN, config.aux_state_dim)
-    )
+def kept_columns(config: Any) -> torch.Tensor:
+    """``[aux_state_dim]``: 1 for the values the target holds (those whose quantity, the name
+    after the dot, is in ``aux_state_quantities``; all when it is empty), else 0."""
+    if not config.aux_state_quantities:
+        return torch.ones(config.aux_state_dim)
+    wanted = set(config.aux_state_quantities)
+    names = config.aux_state_names
+    return torch.tensor([float(n.rpartition(".")[2] in wanted) for n in names])
+
+
+class AuxStateHead(nn.Sequential):
+    """Every camera's keypoints ``[N, cameras * num_keypoints * 2]`` (x, y each) -> the
+    normalised environment state ``[N, aux_state_dim]``. Values left out of the target
+    (``aux_state_quantities``) are predicted as 0, the dataset's mean, so a policy reading the
+    prediction sees a constant there."""
+
+    def __init__(self, config: Any) -> None:
+        keypoints = 2 * config.num_keypoints * len(config.image_keys)
+        super().__init__(
+            nn.Linear(keypoints, AUX_HIDDEN), nn.Mish(), nn.Linear(AUX_HIDDEN, config.aux_state_dim)
+        )
+        self.register_buffer("kept", kept_columns(config), persistent=False)
+
+    def forward(self, keypoints: torch.Tensor) -> torch.Tensor:
+        return super().forward(keypoints) * self.kept
+
+    def loss(
+        self, predicted: torch.Tensor, target: torch.Tensor, normalizer: Normalizer, weight: float
+    ) -> torch.Tensor:
+        """``weight * mean((predicted - normalize(target))^2)`` over the kept values:
+        ``predicted`` is normalised, ``target`` raw (the dataset's environment state)."""
+        error = (predicted - normalizer.normalize(target)) * self.kept
+        return weight * error.pow(2).sum(-1).mean() / self.kept.sum()
+
+
+def aux_state_head(config: Any) -> AuxStateHead | None:
+    """The config's state head, or None when it asks for no auxiliary target."""
+    return AuxStateHead(config) if wants_aux_state(vars(config)) else None
 
 
 def fit_aux_normalizer(normalizer: Normalizer, stats: Mapping[str, Mapping[str, Any]]) -> None:
@@ -93,14 +130,6 @@ def fit_aux_normalizer(normalizer: Normalizer, stats: Mapping[str, Mapping[str, 
             f"the auxiliary state target needs {ENV_STATE_KEY!r} statistics; given: {sorted(stats)}"
         )
     normalizer.fit(stats[ENV_STATE_KEY], min_scale=AUX_MIN_SCALE)
-
-
-def aux_state_loss(
-    predicted: torch.Tensor, target: torch.Tensor, normalizer: Normalizer, weight: float
-) -> torch.Tensor:
-    """``weight * mean((predicted - normalize(target))^2)``: predicted is normalised, the
-    target raw (the dataset's environment state, same shape)."""
-    return weight * ((predicted - normalizer.normalize(target)) ** 2).mean()
 
 
 class AuxStateTarget:

@@ -286,6 +286,28 @@ def test_a_near_constant_state_value_does_not_become_noise_in_the_target():
     assert abs(float(policy.bc_terms["aux_state"]) - clean) < 0.05 * clean
 
 
+def test_quantities_left_out_of_the_target_are_neither_learned_nor_read():
+    """``aux_state_quantities=[x]``: the y values and the drawer's opening leave the loss, and
+    the head predicts them as the dataset's mean, so the object tokens read a constant there
+    (an image-ambiguous value such as a cube's yaw then adds no noise to the policy's input)."""
+    policy = pixel_policy(aux_state_quantities=["x"]).train()
+    kept, dropped = [0, 2], [1, 3, 4]
+    data = batch()
+    torch.manual_seed(1)
+    cond, predicted = policy.conditioning(policy.model, data, data["instruction"])
+    assert predicted[..., dropped].abs().max() == 0 and predicted[..., kept].abs().min() > 0
+    torch.manual_seed(1)
+    policy.bc_loss(data)
+    target = policy.aux_state_normalizer.normalize(data[ENV_STATE_KEY])
+    expected = ((predicted - target)[..., kept] ** 2).mean()
+    torch.testing.assert_close(policy.bc_terms["aux_state"], expected.detach())
+    moved = data[ENV_STATE_KEY].clone()
+    moved[..., dropped] += 5.0
+    torch.manual_seed(1)
+    policy.bc_loss({**data, ENV_STATE_KEY: moved})
+    torch.testing.assert_close(policy.bc_terms["aux_state"], expected.detach())
+
+
 def test_the_camera_recipe_saves_and_loads_in_a_fresh_process(tmp_path):
     """The recipe configs/bc_pixels.yaml ships (FiLM'd ResNet, auxiliary state head): a new
     interpreter loading the saved policy samples the same actions for the same noise."""
@@ -381,6 +403,7 @@ def test_config_from_dataset_turns_the_environment_state_into_the_target():
         ({"aux_state_names": NAMES[:2]}, "aux_state_names"),
         ({"aux_state_names": [], "aux_state_encoder": "objects"}, "aux_state_names"),
         ({"env_state_dim": 5, "env_state_names": NAMES}, "aux_state_encoder"),
+        ({"aux_state_quantities": ["qz"]}, r"aux_state_quantities names \['qz'\]"),
     ],
 )
 def test_bad_vision_settings_name_the_field(overrides: dict, field: str):

@@ -53,6 +53,8 @@ class DiffusionConfig:
     aux_state_names: list[str] = field(default_factory=list)
     aux_state_weight: float = 0.0  # weight of the MSE of the normalised predicted state
     aux_state_encoder: str = "none"  # "flat" / "objects": condition on the PREDICTED state
+    # the quantities (name after the dot, e.g. [x, y, z]) the target holds; [] = all
+    aux_state_quantities: list[str] = field(default_factory=list)
     cond_mlp_dims: list[int] = field(default_factory=list)  # MLP on the conditioning; [] = none
     state_noise: float = 0.0  # BC augmentation: N(0, s^2) added to the normalised (env) state
     # BC augmentation (state only): the scene turned by up to augment_yaw degrees about the

@@ -60,7 +60,6 @@ from embodied.core.sampling import Generators, randn
 from embodied.policies.augment import PlanarAugment
 from embodied.policies.aux_state import (
     AuxStateTarget,
-    aux_state_loss,
     aux_state_values,
     fit_aux_normalizer,
 )
@@ -281,7 +280,7 @@ class DiffusionPolicy(AuxStateTarget, ChunkedPolicy, NormalizedPolicy):
         aux = cond.new_zeros(())
         if config.aux_state_weight > 0:
             target = self._window(batch, ENV_STATE_KEY, config.aux_state_dim)
-            aux = aux_state_loss(
+            aux = net.state_head.loss(
                 predicted, target, self.aux_state_normalizer, config.aux_state_weight
             )
         self.bc_terms = {"aux_state": aux.detach()}

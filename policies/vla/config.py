@@ -59,6 +59,8 @@ class VLAConfig:
     aux_state_names: list[str] = field(default_factory=list)
     aux_state_weight: float = 0.0  # weight of the MSE of the normalised predicted state
     aux_state_encoder: str = "none"
+    # the quantities (name after the dot, e.g. [x, y, z]) the target holds; [] = all
+    aux_state_quantities: list[str] = field(default_factory=list)
     # The tiny backbone (ignored with backbone_path):
     patch_size: int = 8
     vision_hidden_size: int = 64

@@ -68,7 +68,6 @@ from embodied.core.vision import random_shift
 from embodied.policies.aux_state import (
     AuxStateTarget,
     aux_state_head,
-    aux_state_loss,
     aux_state_values,
     fit_aux_normalizer,
     wants_aux_state,
@@ -445,7 +444,7 @@ class VLAPolicy(AuxStateTarget, ActionTokenizer, ChunkedPolicy):
         if config.aux_state_weight > 0:
             trailing = (config.aux_state_dim,)
             target = newest_step(batch, ENV_STATE_KEY, trailing, torch.float32, self.device)
-            aux = aux_state_loss(
+            aux = self.state_head.loss(
                 predicted, target, self.aux_state_normalizer, config.aux_state_weight
             )
             self.bc_terms = {"action_nll": loss.detach(), "aux_state": aux.detach()}
