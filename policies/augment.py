@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.core.nn import object_groups
+from embodied.core.nn import object_groups, value_quantity
 
 QUATERNION = ("qw", "qx", "qy", "qz")
 
@@ -48,7 +48,7 @@ def planar_indices(names: Sequence[str]) -> tuple[list[tuple[int, int]], list[tu
     a flat state whose values are named ``object.quantity``."""
     positions, quaternions = [], []
     for _, values in object_groups(names):
-        local = {names[i].rsplit(".", 1)[-1]: i for i in values}
+        local = {value_quantity(names[i]): i for i in values}
         if "x" in local and "y" in local:
             positions.append((local["x"], local["y"]))
         if all(q in local for q in QUATERNION):

@@ -14,7 +14,7 @@ from torch import nn
 
 from embodied.core.config import check_choice
 from embodied.core.features import ENV_STATE_KEY
-from embodied.core.nn import Normalizer
+from embodied.core.nn import Normalizer, value_quantity
 
 AUX_STATE_ENCODERS = ("none", "flat", "objects")  # how the policy reads the predicted state
 AUX_HIDDEN = 256  # hidden width of the state head
@@ -73,7 +73,7 @@ def check_aux_state(config: Any) -> None:
         )
     config.aux_state_quantities = [str(q) for q in config.aux_state_quantities]
     if config.aux_state_quantities:
-        present = {n.rpartition(".")[2] for n in config.aux_state_names}
+        present = {value_quantity(n) for n in config.aux_state_names}
         missing = sorted(set(config.aux_state_quantities) - present)
         if missing:
             raise ValueError(
@@ -88,8 +88,7 @@ def kept_columns(config: Any) -> torch.Tensor:
     if not config.aux_state_quantities:
         return torch.ones(config.aux_state_dim)
     wanted = set(config.aux_state_quantities)
-    names = config.aux_state_names
-    return torch.tensor([float(n.rpartition(".")[2] in wanted) for n in names])
+    return torch.tensor([float(value_quantity(n) in wanted) for n in config.aux_state_names])
 
 
 class AuxStateHead(nn.Sequential):

@@ -133,6 +133,12 @@ def mean_embedding(embedding: nn.Embedding, ids: torch.Tensor, mask: torch.Tenso
     return total / weights.sum(dim=1).clamp(min=1.0)
 
 
+def value_quantity(name: str) -> str:
+    """The quantity of a state value named ``object.quantity`` (``"block_red.qz"`` -> ``"qz"``);
+    a name without a dot is its own quantity."""
+    return name.rsplit(".", 1)[-1]
+
+
 def object_groups(names: Sequence[str]) -> list[tuple[str, list[int]]]:
     """Group the names of a flat state's values (``object.quantity``) by object, in order of
     first appearance: ``["block_red.x", "block_red.y", "drawer.opening"]`` ->
@@ -167,7 +173,7 @@ class ObjectTokens(nn.Module):
         xyz = torch.full((len(self.groups), 3), -1, dtype=torch.long)
         for o, (_, values) in enumerate(self.groups):
             index[o, : len(values)] = torch.tensor(values)
-            local = {names[i].rsplit(".", 1)[-1]: i for i in values}
+            local = {value_quantity(names[i]): i for i in values}
             if all(axis in local for axis in "xyz"):
                 xyz[o] = torch.tensor([local[a] for a in "xyz"])
         # Derived from the names: moved with the module, never saved.
