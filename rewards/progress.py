@@ -46,6 +46,7 @@ from embodied.core.pretrained import (
 from embodied.core.vision import (
     PretrainedImageEncoder,
     build_image_encoder,
+    check_pretrained_trainable,
     check_vision_encoder,
 )
 
@@ -64,6 +65,8 @@ class ProgressConfig:
     vision_encoder: str = "resnet"  # resnet | efficientnet_lite0 | hf:<local model directory>
     vision_channels: list[int] = field(default_factory=lambda: [16, 32, 64])  # pretrained: adapter
     pretrained_blocks: int = 4  # efficientnet_lite0: the trunk is cut after this many blocks
+    # efficientnet_lite0: its top layers that fine-tune (0: frozen; pretrained_blocks + 1: all)
+    pretrained_trainable: int = 0
     num_keypoints: int = 16
     d_model: int = 64
     n_heads: int = 4
@@ -77,8 +80,10 @@ class ProgressConfig:
     def __post_init__(self) -> None:
         check_ints(self, {"image_size": 8, "num_keypoints": 1, "d_model": 1, "n_heads": 1,
                           "n_layers": 1, "ff_dim": 1, "num_bins": 2,
-                          "pretrained_blocks": 1})  # fmt: skip
+                          "pretrained_blocks": 1, "pretrained_trainable": 0})  # fmt: skip
         check_vision_encoder(self.vision_encoder)
+        check_pretrained_trainable("ProgressConfig", self.vision_encoder,
+                                   self.pretrained_trainable, self.pretrained_blocks)  # fmt: skip
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"ProgressConfig.d_model ({self.d_model}) must be divisible by n_heads "
@@ -134,6 +139,7 @@ class ProgressRewardModel(nn.Module):
         self.image_encoder = build_image_encoder(
             config.vision_encoder, config.vision_channels, config.num_keypoints, d,
             pretrained_blocks=config.pretrained_blocks,
+            pretrained_trainable=config.pretrained_trainable,
         )  # fmt: skip
         if isinstance(self.image_encoder, PretrainedImageEncoder):
             self.image_encoder.cache_trunk = False  # augmented clips never repeat a frame

@@ -192,6 +192,60 @@ def test_every_encoder_builds_offline_and_trains_a_step(tmp_path):
         assert out.actions.shape == (4, 4, 2) and torch.isfinite(out.actions).all()
 
 
+def train_step(policy: DiffusionPolicy) -> dict:
+    """One BC step on ``batch()``; returns the model's weights before it."""
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], 1e-3)
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    optimizer.zero_grad()
+    policy.bc_loss(batch()).backward()
+    optimizer.step()
+    return before
+
+
+def test_efficientnet_top_layers_fine_tune_on_the_cached_output_of_the_frozen_ones(tmp_path):
+    """pretrained_trainable=1: the last kept block trains, the stem and first block stay
+    ImageNet's (BatchNorm statistics included) and their output is what the cache keeps; the
+    fine-tuned weights survive save/load."""
+    policy = pixel_policy(
+        vision_encoder="efficientnet_lite0", pretrained_blocks=2, pretrained_trainable=1
+    )
+    encoder = policy.model.image_encoders[0]
+    before = train_step(policy)
+    after = policy.model.state_dict()
+    trunk = {k: v for k, v in after.items() if ".trunk." in k}
+    changed = {k for k, v in trunk.items() if not torch.equal(before[k], v)}
+    assert changed and all(".trunk.blocks.1." in k for k in changed)
+    assert all(torch.equal(before[k], v) for k, v in trunk.items() if "running_" in k)
+    assert len(encoder._cache) == 8
+    cached = next(iter(encoder._cache.values()))
+    assert cached.shape[0] == encoder.trunk.blocks[0]._block_args.output_filters
+    assert encoder.trunk(torch.rand(1, 3, 32, 32)).shape[1] == encoder.trunk.out_channels
+    encoder.cache_trunk = False  # the same features with and without the cache
+    images = batch()["observation.images.front"][:, 0]
+    condition = None if encoder.film is None else torch.randn(len(images), encoder.film.in_features)
+    uncached = encoder.encode(images, condition)[0]
+    encoder.cache_trunk = True
+    torch.testing.assert_close(encoder.encode(images, condition)[0], uncached)
+    policy.save_pretrained(tmp_path / "policy")
+    loaded = Policy.from_pretrained(tmp_path / "policy")
+    for key, value in loaded.model.state_dict().items():
+        if ".trunk.blocks.1." in key:
+            assert torch.equal(value, after[key]), key
+
+
+def test_a_fully_fine_tuned_efficientnet_trains_its_stem_without_a_cache():
+    policy = pixel_policy(
+        vision_encoder="efficientnet_lite0", pretrained_blocks=2, pretrained_trainable=3
+    )
+    before = train_step(policy)
+    after = policy.model.state_dict()
+    assert not torch.equal(
+        before["image_encoders.0.trunk.stem.0.weight"],
+        after["image_encoders.0.trunk.stem.0.weight"],
+    )
+    assert len(policy.model.image_encoders[0]._cache) == 0
+
+
 def test_an_image_text_pair_model_encodes_with_its_image_tower(tmp_path):
     """A SigLIP directory (image and text towers, as such checkpoints are published): the
     encoder runs its image tower and gives a spatial map of its patches."""
@@ -404,6 +458,11 @@ def test_config_from_dataset_turns_the_environment_state_into_the_target():
         ({"aux_state_names": [], "aux_state_encoder": "objects"}, "aux_state_names"),
         ({"env_state_dim": 5, "env_state_names": NAMES}, "aux_state_encoder"),
         ({"aux_state_quantities": ["qz"]}, r"aux_state_quantities names \['qz'\]"),
+        ({"pretrained_trainable": 1}, "pretrained_trainable=1 fine-tunes efficientnet_lite0"),
+        (
+            {"vision_encoder": "efficientnet_lite0", "pretrained_trainable": 6},
+            r"pretrained_trainable must be in \[0, 5\]",
+        ),
     ],
 )
 def test_bad_vision_settings_name_the_field(overrides: dict, field: str):

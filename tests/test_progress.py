@@ -165,6 +165,23 @@ def test_loss_falls_and_the_model_ranks_frames_in_order() -> None:
                 assert pred[-1] < pred.max() - 0.1
 
 
+def test_the_reward_models_efficientnet_fine_tunes_only_its_top_block() -> None:
+    torch.manual_seed(0)
+    config = tiny_config(vision_encoder="efficientnet_lite0", pretrained_blocks=2,
+                         pretrained_trainable=1)  # fmt: skip
+    model = ProgressRewardModel(config)
+    rng = np.random.default_rng(0)
+    episodes = [(*synthetic_episode(rng, ok), ok) for ok in [True, False]]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    model.loss(synthetic_batch(rng, episodes, 4, 5)).backward()
+    optimizer.step()
+    changed = {
+        k for k, v in model.state_dict().items() if ".trunk." in k and not torch.equal(before[k], v)
+    }
+    assert changed and all(".trunk.blocks.1." in k for k in changed)
+
+
 @pytest.mark.parametrize("encoder", ["efficientnet_lite0", "hf"])
 def test_the_planners_camera_encoders_serve_the_reward_model(encoder: str, tmp_path: Path) -> None:
     """``vision_encoder`` as in the planners: a frozen pretrained trunk (offline ImageNet

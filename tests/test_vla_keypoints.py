@@ -163,6 +163,10 @@ def test_the_recipe_builds_a_pixel_vla_from_a_camera_dataset():
         ({"image_shift": 16}, r"VLAConfig.image_shift=16 must be < image_size / 2"),
         ({"vision_film": True, "vision_encoder": "siglip"}, "VLAConfig.vision_film=True"),
         ({"image_shift": 2, "vision_encoder": "efficientnet_lite0"}, "frozen efficientnet_lite0"),
+        (
+            {"pretrained_trainable": 1, "vision_encoder": "resnet"},
+            "VLAConfig.pretrained_trainable=1",
+        ),
     ],
 )
 def test_bad_keypoint_settings_name_the_field(overrides, message):

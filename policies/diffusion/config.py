@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 
 from embodied.core.config import check_choice, check_floats, check_ints
 from embodied.core.nn import UNKNOWN_WORD
-from embodied.core.vision import check_image_shift, check_vision_encoder
+from embodied.core.vision import (
+    check_image_shift,
+    check_pretrained_trainable,
+    check_vision_encoder,
+)
 from embodied.policies.aux_state import check_aux_state
 from embodied.policies.base import (
     check_chunk,
@@ -45,6 +49,8 @@ class DiffusionConfig:
     # cut after pretrained_blocks) or "hf:<local dir>" (a transformers vision model, frozen)
     vision_encoder: str = "resnet"
     pretrained_blocks: int = 4  # efficientnet_lite0: MBConv blocks kept (4: stride 8)
+    # efficientnet_lite0: its top layers that fine-tune (0: frozen; pretrained_blocks + 1: all)
+    pretrained_trainable: int = 0
     vision_film: bool = False  # FiLM the cameras' feature maps with the instruction embedding
     image_shift: int = 0  # BC augmentation: images padded by this many pixels, cropped at random
     # Training-only auxiliary target: the environment state predicted from the cameras'
@@ -100,6 +106,7 @@ class DiffusionConfig:
                 "object_queries": 1,
                 "object_heads": 1,
                 "pretrained_blocks": 1,
+                "pretrained_trainable": 0,
                 "aux_state_dim": 0,
                 "image_shift": 0,
             },
@@ -160,6 +167,9 @@ class DiffusionConfig:
         name = type(self).__name__
         check_vision_encoder(self.vision_encoder)
         check_image_shift(name, self.vision_encoder, self.image_shift, self.image_size)
+        check_pretrained_trainable(
+            name, self.vision_encoder, self.pretrained_trainable, self.pretrained_blocks
+        )
         check_aux_state(self)
         if self.aux_state_encoder == "objects" and self.embed_dim % self.object_heads:
             raise ValueError(

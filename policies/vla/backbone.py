@@ -206,6 +206,7 @@ class KeypointTokens(nn.Module):
                 0,  # no output layer: the keypoints themselves
                 hidden if config.vision_film else 0,
                 config.pretrained_blocks,
+                config.pretrained_trainable,
             )
             for _ in config.image_keys
         )

@@ -7,7 +7,12 @@ from dataclasses import dataclass, field
 
 from embodied.core.config import check_choice, check_floats, check_ints
 from embodied.core.nn import UNKNOWN_WORD, object_groups, tokenize_words
-from embodied.core.vision import VISION_ENCODERS, check_image_shift, check_vision_encoder
+from embodied.core.vision import (
+    VISION_ENCODERS,
+    check_image_shift,
+    check_pretrained_trainable,
+    check_vision_encoder,
+)
 from embodied.policies.aux_state import check_aux_state, wants_aux_state
 from embodied.policies.base import (
     check_chunk,
@@ -50,6 +55,8 @@ class VLAConfig:
     vision_channels: list[int] = field(default_factory=lambda: [32, 64])  # resnet stages
     num_keypoints: int = 16  # image tokens per camera of a keypoint encoder
     pretrained_blocks: int = 4  # efficientnet_lite0: MBConv blocks kept (4: stride 8)
+    # efficientnet_lite0: its top layers that fine-tune (0: frozen; pretrained_blocks + 1: all)
+    pretrained_trainable: int = 0
     vision_film: bool = False  # FiLM a keypoint encoder's map by the instruction's mean embedding
     image_shift: int = 0  # BC augmentation (DrQ): images padded by this many pixels, cropped
     # Training-only target (policies/aux_state.py): the environment state predicted from the
@@ -98,6 +105,7 @@ class VLAConfig:
                 "n_bins": 2,
                 "num_keypoints": 1,
                 "pretrained_blocks": 1,
+                "pretrained_trainable": 0,
                 "image_shift": 0,
                 "aux_state_dim": 0,
                 "patch_size": 1,
@@ -137,6 +145,9 @@ class VLAConfig:
                     f"VLAConfig.vision_channels must be positive ints, got {self.vision_channels}"
                 )
         check_image_shift("VLAConfig", self.vision_encoder, self.image_shift, self.image_size)
+        check_pretrained_trainable(
+            "VLAConfig", self.vision_encoder, self.pretrained_trainable, self.pretrained_blocks
+        )
         if not isinstance(self.vision_film, bool) or (
             self.vision_film and not self.keypoint_vision
         ):
