@@ -165,17 +165,23 @@ def test_loss_falls_and_the_model_ranks_frames_in_order() -> None:
                 assert pred[-1] < pred.max() - 0.1
 
 
-def test_the_reward_models_efficientnet_fine_tunes_only_its_top_block() -> None:
-    torch.manual_seed(0)
-    config = tiny_config(vision_encoder="efficientnet_lite0", pretrained_blocks=2,
-                         pretrained_trainable=1)  # fmt: skip
-    model = ProgressRewardModel(config)
+def one_training_step(model: ProgressRewardModel) -> dict[str, torch.Tensor]:
+    """One AdamW step on a synthetic batch; returns the weights before it."""
     rng = np.random.default_rng(0)
     episodes = [(*synthetic_episode(rng, ok), ok) for ok in [True, False]]
     before = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     model.loss(synthetic_batch(rng, episodes, 4, 5)).backward()
     optimizer.step()
+    return before
+
+
+def test_the_reward_models_efficientnet_fine_tunes_only_its_top_block() -> None:
+    torch.manual_seed(0)
+    config = tiny_config(vision_encoder="efficientnet_lite0", pretrained_blocks=2,
+                         pretrained_trainable=1)  # fmt: skip
+    model = ProgressRewardModel(config)
+    before = one_training_step(model)
     changed = {
         k for k, v in model.state_dict().items() if ".trunk." in k and not torch.equal(before[k], v)
     }
@@ -197,12 +203,7 @@ def test_the_planners_camera_encoders_serve_the_reward_model(encoder: str, tmp_p
         encoder = f"hf:{tmp_path / 'vit'}"
     torch.manual_seed(0)
     model = ProgressRewardModel(tiny_config(vision_encoder=encoder, pretrained_blocks=2))
-    rng = np.random.default_rng(0)
-    episodes = [(*synthetic_episode(rng, ok), ok) for ok in [True, False]]
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    model.loss(synthetic_batch(rng, episodes, 4, 5)).backward()
-    optimizer.step()
+    before = one_training_step(model)
     after = model.state_dict()
     trunk = [k for k in after if ".trunk." in k]
     assert trunk and all(torch.equal(before[k], after[k]) for k in trunk)
