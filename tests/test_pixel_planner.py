@@ -166,16 +166,21 @@ def tiny_hf_models(tmp_path) -> list[str]:
     return directories
 
 
+def train_step(policy: DiffusionPolicy) -> dict:
+    """One BC step on ``batch()``; returns the model's weights before it."""
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], 1e-3)
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    optimizer.zero_grad()
+    policy.bc_loss(batch()).backward()
+    optimizer.step()
+    return before
+
+
 def test_every_encoder_builds_offline_and_trains_a_step(tmp_path):
     for name in ["resnet", "efficientnet_lite0", *tiny_hf_models(tmp_path)]:
         policy = pixel_policy(vision_encoder=name, pretrained_blocks=2)
         encoder = policy.model.image_encoders[0]
-        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], 1e-3)
-        before = {k: v.clone() for k, v in policy.model.state_dict().items()}
-        loss = policy.bc_loss(batch())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        before = train_step(policy)
         after = policy.model.state_dict()
         assert not torch.equal(before["unet.final.1.weight"], after["unet.final.1.weight"]), name
         assert not torch.equal(
@@ -190,16 +195,6 @@ def test_every_encoder_builds_offline_and_trains_a_step(tmp_path):
             assert len(encoder._cache) == 8, "the same frames are served from the cache"
         out = policy.act(inputs(batch(), policy), INSTRUCTIONS, deterministic=True)
         assert out.actions.shape == (4, 4, 2) and torch.isfinite(out.actions).all()
-
-
-def train_step(policy: DiffusionPolicy) -> dict:
-    """One BC step on ``batch()``; returns the model's weights before it."""
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], 1e-3)
-    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
-    optimizer.zero_grad()
-    policy.bc_loss(batch()).backward()
-    optimizer.step()
-    return before
 
 
 def test_efficientnet_top_layers_fine_tune_on_the_cached_output_of_the_frozen_ones(tmp_path):
