@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from embodied.apps.cli import main
-from embodied.apps.demo import QUICK, STATE, DemoConfig, stage_configs
+from embodied.apps.demo import QUICK, STATE, DemoConfig, presets, stage_configs
 from embodied.core.config import load_config
 from embodied.core.policy import Policy
 from embodied.core.run import read_metrics
@@ -140,6 +140,10 @@ def test_the_presets_name_real_keys() -> None:
     assert quick.demos == 10 and quick.grpo["iterations"] == 2
     state = load_config(DemoConfig, None, STATE)
     assert (state.inputs, state.dart) == ("state", 0)
+    assert (state.bc["steps"], state.bc["policy_overrides"]["n_action_steps"]) == (1000, 4)
+    assert state.bc["policy_overrides"]["cond_mlp_dims"] == [256, 256]  # merged, not replaced
+    both = load_config(DemoConfig, None, presets(quick=True, state=True))
+    assert both.inputs == "state" and (both.bc["steps"], both.reward["steps"]) == (40, 20)
     assert (DemoConfig().inputs, DemoConfig().dart) == ("cameras", 100)  # make demo sees
 
 

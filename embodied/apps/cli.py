@@ -19,12 +19,13 @@ from embodied.apps.allocator import keep_freed_memory
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from embodied.apps.demo import QUICK, STATE, DemoConfig, run_demo
+    from embodied.apps.demo import DemoConfig, presets, run_demo
     from embodied.apps.demo_report import summary_text
     from embodied.core.config import load_config
 
-    presets = (QUICK if args.quick else []) + (STATE if args.state else [])
-    overrides = [*presets, *args.overrides] + ([f"out={args.out}"] if args.out else [])
+    overrides = [*presets(args.quick, args.state), *args.overrides] + (
+        [f"out={args.out}"] if args.out else []
+    )
     cfg = load_config(DemoConfig, args.config, overrides)
     run, outcomes = run_demo(cfg, echo=lambda line: print(line, flush=True))
     print("\n" + summary_text(outcomes))

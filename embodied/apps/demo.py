@@ -67,7 +67,8 @@ def _failures() -> dict[str, Any]:
 
 
 def _reward() -> dict[str, Any]:
-    return {"steps": 400, "batch_size": 32, "eval_every": 200, "save_every": 200}
+    # 200 steps: validation VOC 0.997 and success AUROC 1.0 at step 200 of the earlier 400
+    return {"steps": 200, "batch_size": 32, "eval_every": 100, "save_every": 100}
 
 
 # The planner's inputs (``DemoConfig.inputs``) -> its settings on top of the bc section's.
@@ -87,10 +88,14 @@ PLANNERS: dict[str, dict[str, Any]] = {
 
 
 def _bc() -> dict[str, Any]:
+    # A short BC (300 steps, ~1.2 min) leaves the camera planner room to improve: 56% greedy on
+    # the default seed, 15% on seed 1, where 1000 steps reach 98% on their own. It executes 8
+    # actions of each 16-step chunk (the planner's default); with 4 the same 1000-step planner
+    # scores 47%, and every rollout makes twice the planner calls.
     return {
         "policy": "diffusion",
-        "policy_overrides": {"cond_mlp_dims": [256, 256], "n_action_steps": 4},
-        "steps": 1000,
+        "policy_overrides": {"cond_mlp_dims": [256, 256]},
+        "steps": 300,
         "batch_size": 64,
         "optim": {"lr": 1e-3, "warmup_steps": 100},
         "eval_episodes": 0,
@@ -123,7 +128,20 @@ def _grpo() -> dict[str, Any]:
 
 
 # `embodied demo --state`: the planner reads the simulator's object state; it needs no DART demos.
-STATE = ["inputs=state", "dart=0"]
+# Its recipe as measured: 1000 BC steps executing 4 actions per chunk, 400 reward-model steps.
+STATE = [
+    "inputs=state",
+    "dart=0",
+    "bc.steps=1000",
+    "bc.policy_overrides.n_action_steps=4",
+    "reward.steps=400",
+]
+
+
+def presets(quick: bool = False, state: bool = False) -> list[str]:
+    """The overrides of ``--quick`` and ``--state``; quick's toy sizes win where both set one."""
+    return (STATE if state else []) + (QUICK if quick else [])
+
 
 # Settings of each stage that the demo wires itself (datasets, policies, the reward model).
 WIRED = {
