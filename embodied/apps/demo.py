@@ -88,7 +88,7 @@ PLANNERS: dict[str, dict[str, Any]] = {
 
 
 def _bc() -> dict[str, Any]:
-    # A short BC (300 steps, ~1.2 min) leaves the camera planner room to improve: 56% greedy on
+    # A short BC (300 steps, 1.2-1.8 min) leaves the camera planner room to improve: 56% greedy on
     # the default seed, 15% and 4% on seeds 1 and 2, where 1000 steps reach 98%. It executes 8
     # actions of each 16-step chunk (the planner's default); with 4 the same 1000-step planner
     # scores 47%, and every rollout makes twice the planner calls.
