@@ -11,9 +11,11 @@ from embodied.core.features import ENV_STATE_KEY
 from embodied.core.nn import build_vocab
 from embodied.core.policy import Policy
 from embodied.core.vision import (
+    SCORING_CHUNK_PIXELS,
     PretrainedImageEncoder,
     build_image_encoder,
     chunk_size,
+    chunk_sizes,
     random_shift,
 )
 from embodied.policies.diffusion import DiffusionConfig, DiffusionPolicy
@@ -125,6 +127,34 @@ def test_many_images_encode_in_chunks_as_each_image_alone():
     alone = [encoder.encode(images[i : i + 1], condition[i : i + 1]) for i in range(n)]
     torch.testing.assert_close(features, torch.cat([f for f, _ in alone]))
     torch.testing.assert_close(keypoints, torch.cat([k for _, k in alone]))
+
+
+@pytest.mark.parametrize("total", [1, 13, 14, 15, 28, 129])
+def test_chunk_sizes_cover_every_image_within_the_limit(total):
+    for even in (False, True):
+        sizes = chunk_sizes(total, 14, even)
+        assert sum(sizes) == total and max(sizes) <= 14 and len(sizes) == -(-total // 14)
+        if even:
+            assert max(sizes) - min(sizes) <= 1
+
+
+def test_scoring_without_gradients_encodes_in_larger_chunks(monkeypatch):
+    """A reward model's scoring (channels-last, no gradients) batches 8x more frames per call
+    than training, where each chunk's activations wait for the backward pass."""
+    encoder = build_image_encoder("resnet", [8, 16], 8, 16).eval()
+    encoder.channels_last_inference = True
+    calls = []
+    feature_map = encoder.feature_map
+    monkeypatch.setattr(encoder, "feature_map", lambda x: calls.append(len(x)) or feature_map(x))
+    n = chunk_size(96, 96, SCORING_CHUNK_PIXELS) + 3
+    images = torch.randint(0, 256, (n, 96, 96, 3)).to(torch.uint8)
+    with torch.no_grad():
+        scored = encoder(images)
+    assert calls == [(n + 1) // 2, n // 2]  # even chunks: no small last one
+    calls.clear()
+    trained = encoder(images)
+    assert calls == [chunk_size(96, 96)] * (n // chunk_size(96, 96)) + [n % chunk_size(96, 96)]
+    torch.testing.assert_close(scored, trained.detach())
 
 
 def test_a_policy_encoder_gives_the_same_bits_with_and_without_gradients():
