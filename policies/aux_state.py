@@ -14,7 +14,7 @@ from torch import nn
 
 from embodied.core.config import check_choice
 from embodied.core.features import ENV_STATE_KEY
-from embodied.core.nn import Normalizer, value_quantity
+from embodied.core.nn import Mish, Normalizer, value_quantity
 
 AUX_STATE_ENCODERS = ("none", "flat", "objects")  # how the policy reads the predicted state
 AUX_HIDDEN = 256  # hidden width of the state head
@@ -100,7 +100,7 @@ class AuxStateHead(nn.Sequential):
     def __init__(self, config: Any) -> None:
         keypoints = 2 * config.num_keypoints * len(config.image_keys)
         super().__init__(
-            nn.Linear(keypoints, AUX_HIDDEN), nn.Mish(), nn.Linear(AUX_HIDDEN, config.aux_state_dim)
+            nn.Linear(keypoints, AUX_HIDDEN), Mish(), nn.Linear(AUX_HIDDEN, config.aux_state_dim)
         )
         self.register_buffer("kept", kept_columns(config), persistent=False)
 

@@ -70,6 +70,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from embodied.core.nn import Mish
 from embodied.core.policy import register_policy
 from embodied.policies.base import check_choice
 from embodied.policies.diffusion.config import DiffusionConfig
@@ -131,7 +132,7 @@ class NoiseNet(nn.Module):
         dims += config.noise_hidden_dims
         layers: list[nn.Module] = []
         for d_in, d_out in zip(dims[:-1], dims[1:], strict=True):
-            layers += [nn.Linear(d_in, d_out), nn.Mish()]
+            layers += [nn.Linear(d_in, d_out), Mish()]
         self.hidden = nn.Sequential(*layers)
         self.out = nn.Linear(dims[-1], config.horizon * config.action_dim)
         with torch.no_grad():  # start at init_std everywhere, still input-dependent (small weights)

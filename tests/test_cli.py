@@ -115,13 +115,20 @@ def test_bench_train_compares_kept_memory_with_glibc_default(capsys) -> None:
     glibc = platform.libc_ver()[0] == "glibc"
     settings = ["glibc default", "keep freed memory"] if glibc else ["system malloc"]
     models = ["progress (default)", "diffusion BC"]
-    assert [(r["model"], r["allocator"]) for r in rows] == [
+    malloc, update = rows[:-2], rows[-2:]
+    assert [(r["model"], r["setting"]) for r in malloc] == [
         (m, a) for m in models for a in settings
     ]
-    for i, row in enumerate(rows):
+    for i, row in enumerate(malloc):
         base = rows[i - i % len(settings)]  # the same model's first setting
         assert row["baseline"] == (settings[0] if glibc else "itself")
         assert row["speedup"] == pytest.approx(row["steps_per_s"] / base["steps_per_s"])
+    # GRPO's update of 4 x batch decisions, the toolkit's Mish against torch's in a copy
+    assert [r["setting"] for r in update] == ["nn.Mish (torch)", "Mish (embodied.core.nn)"]
+    assert all(r["batch"] == 8 and r["baseline"] == "nn.Mish (torch)" for r in update)
+    assert update[1]["speedup"] == pytest.approx(
+        update[1]["steps_per_s"] / update[0]["steps_per_s"]
+    )
 
 
 def test_bench_vision_reports_encoders_and_pixel_bc_against_their_baselines(capsys) -> None:

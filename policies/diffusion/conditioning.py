@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from embodied.core.features import ENV_STATE_KEY, STATE_KEY
-from embodied.core.nn import InstructionEncoder, Normalizer, ObjectStateEncoder
+from embodied.core.nn import InstructionEncoder, Mish, Normalizer, ObjectStateEncoder
 from embodied.core.vision import build_image_encoder, random_shift
 from embodied.policies.aux_state import aux_state_head
 from embodied.policies.base import check_instructions
@@ -103,7 +103,7 @@ class ObservationEncoder(nn.Module):
         # one object of several needs a product of the two, which FiLM's affine map lacks).
         layers: list[nn.Module] = []
         for size in config.cond_mlp_dims:
-            layers += [nn.Linear(width, size), nn.Mish()]
+            layers += [nn.Linear(width, size), Mish()]
             width = size
         self.cond_mlp = nn.Sequential(*layers)
         self.global_cond_dim = width  # the size of ``condition``'s output

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from embodied.core.nn import Mish
+
 
 class SinusoidalPosEmb(nn.Module):
     """Timestep embedding ``[sin(t w_i), cos(t w_i)]``, ``w_i = 10000^(-i / (half - 1))``."""
@@ -38,7 +40,7 @@ class Conv1dBlock(nn.Module):
         self.block = nn.Sequential(
             nn.Conv1d(in_channels, out_channels, kernel_size, padding=kernel_size // 2),
             nn.GroupNorm(n_groups, out_channels),
-            nn.Mish(),
+            Mish(),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -56,7 +58,7 @@ class ConditionalResidualBlock1D(nn.Module):
         super().__init__()
         self.block1 = Conv1dBlock(in_channels, out_channels, kernel_size, n_groups)
         self.block2 = Conv1dBlock(out_channels, out_channels, kernel_size, n_groups)
-        self.film = nn.Sequential(nn.Mish(), nn.Linear(cond_dim, 2 * out_channels))
+        self.film = nn.Sequential(Mish(), nn.Linear(cond_dim, 2 * out_channels))
         self.skip = (
             nn.Conv1d(in_channels, out_channels, 1)
             if in_channels != out_channels
@@ -91,7 +93,7 @@ class ConditionalUnet1D(nn.Module):
         self.step_encoder = nn.Sequential(
             SinusoidalPosEmb(embed_dim),
             nn.Linear(embed_dim, 4 * embed_dim),
-            nn.Mish(),
+            Mish(),
             nn.Linear(4 * embed_dim, embed_dim),
         )
         cond_dim = embed_dim + global_cond_dim

@@ -44,7 +44,8 @@ BENCHES: dict[str, tuple[Callable[..., list[Any]], str, dict[str, str], dict[str
         "frames": "frames per clip (8: what GRPO scores per rollout; 100: a whole rollout)",
         "model_dirs": "saved reward model dirs to add",
     }, {"model_dirs": "--model"}),
-    "train": (bench_train, "training steps/s, glibc malloc default vs kept", {
+    "train": (bench_train, "training steps/s: glibc malloc default vs kept; a GRPO update with "
+              "torch's Mish vs the toolkit's", {
         "steps": "training steps per timed run",
     }, {}),
     "vision": (bench_vision, "camera encoders' frames/s, pixel BC steps/s vs the state planner", {

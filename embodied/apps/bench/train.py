@@ -1,15 +1,25 @@
-"""``embodied bench train``: training steps/s, glibc's default malloc against kept memory."""
+"""``embodied bench train``: training steps/s, glibc's default malloc against kept memory; and a
+GRPO update of the diffusion planner with the toolkit's Mish against torch's ``nn.Mish``."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from embodied.apps.allocator import keep_freed_memory
-from embodied.apps.bench.common import Row, median_rate, random_observation, tabletop_features
+from embodied.apps.bench.common import (
+    Row,
+    median_rate,
+    paired_rates,
+    random_observation,
+    tabletop_features,
+)
+from embodied.core.nn import Mish
 from embodied.policies import DiffusionPolicy
 from embodied.rewards import ProgressConfig, ProgressRewardModel
 from embodied.train.loop import resolve_device, to_device
@@ -17,12 +27,12 @@ from embodied.train.loop import resolve_device, to_device
 
 @dataclass
 class TrainRow(Row):
-    """Training steps/s (forward, backward, AdamW) of a model with one malloc setting, against
-    glibc's default setting in the same process."""
+    """Training steps/s (forward, backward, AdamW) of a model with one malloc setting (or one
+    activation), against glibc's default setting (torch's ``nn.Mish``) in the same process."""
 
     model: str
     batch: int
-    allocator: str  # "glibc default" or "keep freed memory" (embodied.apps.allocator)
+    setting: str  # malloc's ("glibc default", "keep freed memory") or the Mish the model runs
     steps_per_s: float
     baseline: str
     speedup: float  # steps/s / baseline steps/s
@@ -93,4 +103,57 @@ def bench_train(
                 rows.append(TrainRow(label, batch_size, name, rate, settings[0][0], rate / base))
     finally:
         keep_freed_memory(True)  # as `embodied` runs (glibc defaults if the user set malloc's)
-    return rows
+    return rows + grpo_update_rows(4 * batch_size, steps, repeats, where, progress)
+
+
+def grpo_update_rows(
+    decisions: int, steps: int, repeats: int, where: torch.device, progress: Any = None
+) -> list[TrainRow]:
+    """Steps/s of GRPO's update of ``configs/bc_diffusion.yaml``'s planner (log-probs of
+    ``decisions`` recorded decisions over 10 stochastic denoising steps, backward, AdamW) with
+    the toolkit's ``Mish`` and with torch's ``nn.Mish`` in a copy, timed in turn."""
+    tasks = ["put the red block on the green plate"]
+    config = DiffusionPolicy.config_from_dataset(
+        tabletop_features(64, env_state=True), tasks, num_inference_steps=10, finetune_steps=10,
+        image_keys=[], env_state_encoder="objects", cond_mlp_dims=[256, 256],
+    )  # fmt: skip
+    ours = DiffusionPolicy(config).to(where).eval()
+    theirs = with_torch_mish(copy.deepcopy(ours))
+    obs = random_observation(ours, decisions, np.random.default_rng(0))
+    obs = {key: value.to(where) for key, value in obs.items()}
+    text = tasks * decisions
+    with torch.no_grad():
+        outputs = ours.act(obs, text, generator=torch.Generator(where).manual_seed(0))
+    recorded = outputs.policy_outputs
+
+    def update(policy: DiffusionPolicy) -> Any:
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5)
+
+        def run(n: int) -> None:
+            for _ in range(n):
+                optimizer.zero_grad()
+                policy.log_prob(obs, text, recorded).mean().backward()
+                optimizer.step()
+
+        return run
+
+    if progress is not None:
+        progress(f"train GRPO update of {decisions} decisions, torch's Mish and the toolkit's")
+    rates = paired_rates({"torch": update(theirs), "ours": update(ours)}, steps, repeats, where)
+    label = f"diffusion GRPO update ({decisions} decisions x 10 steps)"
+    baseline = "nn.Mish (torch)"
+    return [
+        TrainRow(label, decisions, baseline, rates["torch"], baseline, 1.0),
+        TrainRow(label, decisions, "Mish (embodied.core.nn)", rates["ours"], baseline,
+                 rates["ours"] / rates["torch"]),
+    ]  # fmt: skip
+
+
+def with_torch_mish(module: nn.Module) -> nn.Module:
+    """``module`` with every toolkit ``Mish`` replaced by torch's ``nn.Mish`` (in place)."""
+    for name, child in module.named_children():
+        if isinstance(child, Mish):
+            setattr(module, name, nn.Mish())
+        else:
+            with_torch_mish(child)
+    return module
