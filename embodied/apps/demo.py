@@ -88,8 +88,8 @@ PLANNERS: dict[str, dict[str, Any]] = {
 
 
 def _bc() -> dict[str, Any]:
-    # A short BC (300 steps, 1.2-1.8 min) leaves the camera planner room to improve: 56% greedy on
-    # the default seed, 15% and 4% on seeds 1 and 2, where 1000 steps reach 98%. It executes 8
+    # A short BC (300 steps, ~1.1 min) leaves the camera planner room to improve: 57% greedy on
+    # the default seed, 16% and 4% on seeds 1 and 2, where 1000 steps reach 98%. It executes 8
     # actions of each 16-step chunk (the planner's default); with 4 the same 1000-step planner
     # scores 47%, and every rollout makes twice the planner calls.
     return {
@@ -105,7 +105,7 @@ def _bc() -> dict[str, Any]:
 
 def _grpo() -> dict[str, Any]:
     return {
-        "iterations": 16,  # greedy 56% -> 81%, 15% -> 43%, 4% -> 15% (seeds 0, 1, 2)
+        "iterations": 16,  # greedy 57% -> 85%, 16% -> 41%, 4% -> 16% (seeds 0, 1, 2)
         "groups": 8,
         "group_size": 4,
         "max_refills": 0,
@@ -114,7 +114,7 @@ def _grpo() -> dict[str, Any]:
         # greedy moves by drift alone) and takes DDIM's eta = 0 steps with the min_std floor.
         # Each ratio element is one denoising step over the whole chunk, so at lr 3e-5 the first
         # iteration already clipped 60% of them (an earlier recipe); 1e-5, held constant, clips
-        # 17-37% in the first iteration and 0-10% once most groups succeed.
+        # 16-35% in the first iteration and 0-11% once most groups succeed.
         "policy_overrides": {
             "min_std": 0.1,
             "finetune_steps": 10,
