@@ -19,6 +19,7 @@ from embodied.apps.bench.common import (
     random_observation,
     tabletop_features,
 )
+from embodied.apps.bench.policy import POLICY_VARIANTS
 from embodied.core.nn import Mish
 from embodied.policies import DiffusionPolicy
 from embodied.rewards import ProgressConfig, ProgressRewardModel
@@ -82,14 +83,7 @@ def bench_train(
     rows = []
     try:
         for label, model, loss in jobs:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-            def run(n: int, loss: Any = loss, optimizer: Any = optimizer) -> None:
-                for _ in range(n):
-                    optimizer.zero_grad()
-                    loss().backward()
-                    optimizer.step()
-
+            run = training_steps(model, loss, lr=1e-4)
             if not glibc:  # one row: whatever malloc this system has
                 rate = median_rate(run, steps, repeats, where)
                 rows.append(TrainRow(label, batch_size, "system malloc", rate, "itself", 1.0))
@@ -113,29 +107,21 @@ def grpo_update_rows(
     ``decisions`` recorded decisions over 10 stochastic denoising steps, backward, AdamW) with
     the toolkit's ``Mish`` and with torch's ``nn.Mish`` in a copy, timed in turn."""
     tasks = ["put the red block on the green plate"]
+    state_planner = POLICY_VARIANTS[1][2]  # configs/bc_diffusion.yaml's: object tokens, no camera
     config = DiffusionPolicy.config_from_dataset(
-        tabletop_features(64, env_state=True), tasks, num_inference_steps=10, finetune_steps=10,
-        image_keys=[], env_state_encoder="objects", cond_mlp_dims=[256, 256],
+        tabletop_features(64, env_state=True), tasks, **state_planner, finetune_steps=10,
+        cond_mlp_dims=[256, 256],
     )  # fmt: skip
     ours = DiffusionPolicy(config).to(where).eval()
     theirs = with_torch_mish(copy.deepcopy(ours))
-    obs = random_observation(ours, decisions, np.random.default_rng(0))
-    obs = {key: value.to(where) for key, value in obs.items()}
+    obs = to_device(random_observation(ours, decisions, np.random.default_rng(0)), where)
     text = tasks * decisions
     with torch.no_grad():
         outputs = ours.act(obs, text, generator=torch.Generator(where).manual_seed(0))
     recorded = outputs.policy_outputs
 
     def update(policy: DiffusionPolicy) -> Any:
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5)
-
-        def run(n: int) -> None:
-            for _ in range(n):
-                optimizer.zero_grad()
-                policy.log_prob(obs, text, recorded).mean().backward()
-                optimizer.step()
-
-        return run
+        return training_steps(policy, lambda: policy.log_prob(obs, text, recorded).mean(), lr=1e-5)
 
     if progress is not None:
         progress(f"train GRPO update of {decisions} decisions, torch's Mish and the toolkit's")
@@ -147,6 +133,20 @@ def grpo_update_rows(
         TrainRow(label, decisions, "Mish (embodied.core.nn)", rates["ours"], baseline,
                  rates["ours"] / rates["torch"]),
     ]  # fmt: skip
+
+
+def training_steps(model: nn.Module, loss: Any, lr: float) -> Any:
+    """``run(n)``: ``n`` AdamW steps of ``model`` on ``loss()`` (zero the gradients, backward,
+    step), the unit every row here times."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            optimizer.zero_grad()
+            loss().backward()
+            optimizer.step()
+
+    return run
 
 
 def with_torch_mish(module: nn.Module) -> nn.Module:
