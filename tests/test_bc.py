@@ -79,6 +79,34 @@ def test_resume_continues_exactly(drawer_states: Path, tmp_path: Path) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_finished_run_extends_under_a_constant_schedule(
+    drawer_states: Path, tmp_path: Path
+) -> None:
+    """Resumed with more ``steps``, a finished constant-schedule run ends with the weights of a run
+    that was that long from the start, and records its new length; under a cosine schedule (its
+    learning rate depends on the length) the change is refused, naming why."""
+
+    def config(out: Path, steps: int, schedule: str = "constant", **overrides) -> BCConfig:
+        cfg = _mlp_config(drawer_states, out, steps=steps, save_every=10, eval_episodes=0,
+                          **overrides)  # fmt: skip
+        cfg.optim.schedule = schedule
+        return cfg
+
+    full = train_bc(config(tmp_path / "a", 20))
+    short = train_bc(config(tmp_path / "b", 10))
+    extended = train_bc(config(tmp_path / "unused", 20, resume=str(short.path)))
+    assert extended.path == short.path
+    a = Policy.from_pretrained(full.path / "policy").state_dict()
+    b = Policy.from_pretrained(short.path / "policy").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert "steps: 20" in (short.path / "config.yaml").read_text().splitlines()
+    with pytest.raises(ValueError, match=r"has a checkpoint at step 20, past steps=10"):
+        train_bc(config(tmp_path / "unused", 10, resume=str(short.path)))
+    cosine = train_bc(config(tmp_path / "c", 10, "cosine"))
+    with pytest.raises(ValueError, match=r"steps \(10 -> 20\) \(steps may change only under "):
+        train_bc(config(tmp_path / "unused", 20, "cosine", resume=str(cosine.path)))
+
+
 def test_init_policy_continues_a_saved_policy_on_other_data(
     drawer_states: Path, tmp_path: Path
 ) -> None:

@@ -136,7 +136,7 @@ def train_bc(cfg: BCConfig) -> RunDir:
     # Evaluation envs render only what the policy reads (no camera for a state-only policy).
     env_kwargs = env_options(spec)
 
-    with Trainer(cfg, policy, cfg.steps) as trainer:
+    with Trainer(cfg, policy, "steps") as trainer:
         for step in trainer.steps("bc"):
             idx = batch_indices(len(windows), cfg.batch_size, cfg.seed, step)
             batch = to_device(collate([windows[int(i)] for i in idx]), device)

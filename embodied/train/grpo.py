@@ -259,7 +259,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
         check_task(policy, task, kwargs, reward_model)
     first_corr: float | None = None
     # The schedule advances once per iteration (warm-up and cosine over iterations).
-    with Trainer(cfg, policy, cfg.iterations) as trainer:
+    with Trainer(cfg, policy, "iterations") as trainer:
         # After the checkpoint: Ray workers copy the weights they are built with.
         rollouts = TaskGroups(cfg, envs, policy, cfg.groups)
         try:

@@ -3,7 +3,7 @@ its formulas and calls these pieces in order:
 
     device = begin(cfg)                 # check the config, seed every generator, pick the device
     model = ...                         # built after seeding, so its init repeats
-    with Trainer(cfg, model, total) as trainer:  # run dir, optimiser, resume
+    with Trainer(cfg, model, "steps") as trainer:  # run dir, optimiser, resume
         for step in trainer.steps():    # from where a resumed run stopped
             trainer.update(loss, f"BC loss at step {step}")  # NaN stop, clip, step
             if trainer.due(step + 1, cfg.save_every): trainer.save(step + 1)
@@ -11,7 +11,8 @@ its formulas and calls these pieces in order:
 ``Trainer`` opens a new run directory or, with ``cfg.resume``, an existing one of the same job whose
 settings match (a changed setting is an error naming it; where the run writes, the device and
 the resume path itself may change) and restores its newest readable checkpoint, falling back past a
-corrupt one with a warning.
+corrupt one with a warning. Under a constant schedule the run's length may change too: nothing
+learned before a step depends on how many follow, so a finished run can be extended.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.core.config import ConfigError, config_to_dict, load_config, validate
+from embodied.core.config import ConfigError, config_to_dict, load_config, save_config, validate
 from embodied.core.run import CONFIG_FILE, MetricsLogger, RunDir, progress_bar, seed_everything
 from embodied.policies import Policy
 from embodied.train.checkpoints import CHECKPOINT_PREFIX, load_checkpoint, save_checkpoint
@@ -87,12 +88,14 @@ def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> A
     return policy.to(device)
 
 
-def open_run(cfg: Any, recorded: Any = None) -> RunDir:
+def open_run(cfg: Any, length: str, recorded: Any = None) -> tuple[RunDir, bool]:
     """A new run directory for ``cfg`` (saving ``recorded``, default ``cfg``), or the one
-    ``cfg.resume`` names after checking that it is a run of the same job with the same settings."""
+    ``cfg.resume`` names after checking that it is a run of the same job with the same settings,
+    except for its ``length`` (the setting counting its steps) under a constant schedule; and
+    whether that length changed."""
     recorded = cfg if recorded is None else recorded
     if not cfg.resume:
-        return RunDir.create(cfg.out, cfg.name, config=recorded)
+        return RunDir.create(cfg.out, cfg.name, config=recorded), False
     path = Path(cfg.resume)
     if not (path / CONFIG_FILE).is_file():
         raise ValueError(f"resume={cfg.resume!r} is not a run directory (no {CONFIG_FILE})")
@@ -104,13 +107,17 @@ def open_run(cfg: Any, recorded: Any = None) -> RunDir:
         ) from None
     now = config_to_dict(recorded)
     changed = [key for key in _changed(saved, now) if key.split(".")[0] not in MAY_CHANGE_ON_RESUME]
-    if changed:
+    # The learning rate at a step depends on the run's length only under a cosine schedule.
+    extended = changed == [length] and cfg.optim.schedule == "constant"
+    if changed and not extended:
         shown = ", ".join(f"{k} ({_get(saved, k)!r} -> {_get(now, k)!r})" for k in changed)
+        if length in changed:
+            shown += f" ({length} may change only under optim.schedule=constant)"
         raise ValueError(
             f"resume={cfg.resume!r} was run with other settings: {shown}; resume with the run's "
             f"own settings (its {CONFIG_FILE}) or start a new run"
         )
-    return RunDir(path)
+    return RunDir(path), extended
 
 
 def _changed(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
@@ -133,15 +140,23 @@ def _get(tree: dict[str, Any], key: str) -> Any:
 
 class Trainer:
     """A job's run directory, optimiser and schedule, resume, checkpoints and metrics (see the
-    module docstring). ``total`` is the number of steps (or iterations, rounds) the schedule
-    spans. The config's ``max_minutes`` (> 0) ends the run earlier, after the last step expected to
-    finish within that many minutes of this process: ``end`` is then that step's count."""
+    module docstring). ``length`` names the setting that counts the steps (or iterations, rounds)
+    the schedule spans: ``total``. The config's ``max_minutes`` (> 0) ends the run earlier, after
+    the last step expected to finish within that many minutes of this process: ``end`` is then
+    that step's count."""
 
-    def __init__(self, cfg: Any, model: Any, total: int, recorded: Any = None) -> None:
-        self.cfg, self.model, self.total = cfg, model, int(total)
+    def __init__(self, cfg: Any, model: Any, length: str, recorded: Any = None) -> None:
+        self.cfg, self.model, self.total = cfg, model, int(getattr(cfg, length))
         self.optimizer, self.scheduler = make_optimizer(model.parameters(), cfg.optim, self.total)
-        self.run = open_run(cfg, recorded)
+        self.run, extended = open_run(cfg, length, recorded)
         self.start = self.restore() if cfg.resume else 0
+        if extended:
+            if self.start > self.total:
+                raise ValueError(
+                    f"resume={cfg.resume!r} has a checkpoint at step {self.start}, past "
+                    f"{length}={self.total}; resume with {length} >= {self.start}"
+                )
+            save_config(cfg if recorded is None else recorded, self.run.config_path)
         self.metrics: MetricsLogger = self.run.metrics()
         self.end = self.total
         minutes = float(cfg.max_minutes)

@@ -315,7 +315,7 @@ def train_reward(cfg: RewardTrainConfig) -> RunDir:
         model = ProgressRewardModel(model_cfg).to(device)
     recorded = replace(cfg, model=model.config)  # image size and vocabulary as trained
     eval_frames = cfg.eval_frames or max(cfg.clip_len, cfg.clip_len_max)
-    with Trainer(cfg, model, cfg.steps, recorded) as trainer:
+    with Trainer(cfg, model, "steps", recorded) as trainer:
         if trainer.start == 0:
             trainer.metrics.log(
                 {"data/train_episodes": len(train_eps), "data/val_episodes": len(val_eps)}, 0

@@ -129,7 +129,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
     limit = probe.spec.max_episode_steps if probe.spec is not None else None
     probe.close()
     score = TrajectoryScore.objective(cfg.objective, cfg.score_weights, limit)
-    with Trainer(cfg, policy, cfg.rounds) as trainer:
+    with Trainer(cfg, policy, "rounds") as trainer:
         # After the checkpoint: Ray workers copy the weights they are built with.
         rollouts = make_rollouts(cfg.distributed, task, kwargs, policy, num_envs)
         try:
