@@ -88,12 +88,11 @@ def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> A
     return policy.to(device)
 
 
-def open_run(cfg: Any, length: str, recorded: Any = None) -> tuple[RunDir, bool]:
-    """A new run directory for ``cfg`` (saving ``recorded``, default ``cfg``), or the one
+def open_run(cfg: Any, length: str, recorded: Any) -> tuple[RunDir, bool]:
+    """A new run directory for ``cfg`` (saving ``recorded``, the settings as trained), or the one
     ``cfg.resume`` names after checking that it is a run of the same job with the same settings,
     except for its ``length`` (the setting counting its steps) under a constant schedule; and
     whether that length changed."""
-    recorded = cfg if recorded is None else recorded
     if not cfg.resume:
         return RunDir.create(cfg.out, cfg.name, config=recorded), False
     path = Path(cfg.resume)
@@ -148,6 +147,7 @@ class Trainer:
     def __init__(self, cfg: Any, model: Any, length: str, recorded: Any = None) -> None:
         self.cfg, self.model, self.total = cfg, model, int(getattr(cfg, length))
         self.optimizer, self.scheduler = make_optimizer(model.parameters(), cfg.optim, self.total)
+        recorded = cfg if recorded is None else recorded
         self.run, extended = open_run(cfg, length, recorded)
         self.start = self.restore() if cfg.resume else 0
         if extended:
@@ -156,7 +156,7 @@ class Trainer:
                     f"resume={cfg.resume!r} has a checkpoint at step {self.start}, past "
                     f"{length}={self.total}; resume with {length} >= {self.start}"
                 )
-            save_config(cfg if recorded is None else recorded, self.run.config_path)
+            save_config(recorded, self.run.config_path)
         self.metrics: MetricsLogger = self.run.metrics()
         self.end = self.total
         minutes = float(cfg.max_minutes)
