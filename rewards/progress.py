@@ -44,7 +44,6 @@ from embodied.core.pretrained import (
     save_pretrained,
 )
 from embodied.core.vision import (
-    PretrainedImageEncoder,
     build_image_encoder,
     check_pretrained_trainable,
     check_vision_encoder,
@@ -140,9 +139,8 @@ class ProgressRewardModel(nn.Module):
             config.vision_encoder, config.vision_channels, config.num_keypoints, d,
             pretrained_blocks=config.pretrained_blocks,
             pretrained_trainable=config.pretrained_trainable,
+            cache_trunk=False,  # augmented clips never repeat a frame
         )  # fmt: skip
-        if isinstance(self.image_encoder, PretrainedImageEncoder):
-            self.image_encoder.cache_trunk = False  # augmented clips never repeat a frame
         self.image_encoder.channels_last_inference = True  # scores are never recomputed
         self.instruction_encoder = InstructionEncoder(config.vocab, d)
         self.fuse = nn.Linear(2 * d, d)

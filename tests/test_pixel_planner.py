@@ -227,6 +227,24 @@ def test_every_encoder_builds_offline_and_trains_a_step(tmp_path):
         assert out.actions.shape == (4, 4, 2) and torch.isfinite(out.actions).all()
 
 
+def test_a_pretrained_trunk_trains_on_shifted_frames_without_its_cache():
+    """image_shift with a pretrained trunk: no shifted frame repeats, so nothing is cached; the
+    trunk sees the shifted frames and the rest of the encoder trains on them."""
+    policy = pixel_policy(vision_encoder="efficientnet_lite0", pretrained_blocks=2, image_shift=2)
+    encoder = policy.model.image_encoders[0]
+    seen: list[torch.Tensor] = []
+    encoder.trunk.register_forward_pre_hook(lambda module, args: seen.append(args[0].clone()))
+    torch.manual_seed(1)
+    before = train_step(policy)
+    after = policy.model.state_dict()
+    assert not encoder.cache_trunk and len(encoder._cache) == 0
+    key = "image_encoders.0.adapter.0.weight"
+    assert not torch.equal(before[key], after[key])
+    frames = batch()["observation.images.front"].reshape(-1, 32, 32, 3)
+    unshifted = frames.permute(0, 3, 1, 2).float() / 255.0
+    assert seen[0].shape == unshifted.shape and not torch.equal(seen[0], unshifted)
+
+
 def test_efficientnet_top_layers_fine_tune_on_the_cached_output_of_the_frozen_ones(tmp_path):
     """pretrained_trainable=1: the last kept block trains, the stem and first block stay
     ImageNet's (BatchNorm statistics included) and their output is what the cache keeps; the
@@ -475,7 +493,6 @@ def test_config_from_dataset_turns_the_environment_state_into_the_target():
     [
         ({"vision_encoder": "vgg"}, "vision_encoder"),
         ({"image_shift": 16}, "image_shift"),
-        ({"image_shift": 2, "vision_encoder": "efficientnet_lite0"}, "image_shift"),
         ({"aux_state_encoder": "tokens"}, "aux_state_encoder"),
         ({"aux_state_weight": -1.0}, "aux_state_weight"),
         ({"image_keys": []}, "aux_state_weight"),

@@ -20,7 +20,8 @@ instruction), spatial-softmax keypoints whose expected (x, y) coordinates feed `
 It takes ``uint8 [N, H, W, 3]`` images and scales them itself. A pretrained trunk stays in eval
 mode (its BatchNorm statistics stay ImageNet's); its frozen layers run without gradients and,
 while training, keep each frame's output, keyed by the frame's bytes, so later epochs skip them
-(``cache_trunk``); its trainable top layers, if any, run on that output with gradients.
+(``cache_trunk``; off where the frames are shifted at random, as no shifted frame repeats); its
+trainable top layers, if any, run on that output with gradients.
 """
 
 from __future__ import annotations
@@ -195,17 +196,10 @@ def check_pretrained_trainable(
         )
 
 
-def check_image_shift(owner: str, vision_encoder: str, image_shift: int, image_size: int) -> None:
-    """Refuse a DrQ shift that cannot work: one of half the image or more, or one with a frozen
-    pretrained trunk (it caches each frame's features, so shifted frames would only miss the
-    cache); ``owner`` names the config in the error."""
+def check_image_shift(owner: str, image_shift: int, image_size: int) -> None:
+    """Refuse a DrQ shift of half the image or more; ``owner`` names the config in the error."""
     if image_shift and 2 * image_shift >= image_size:
         raise ValueError(f"{owner}.image_shift={image_shift} must be < image_size / 2")
-    if image_shift and (vision_encoder == "efficientnet_lite0" or vision_encoder.startswith("hf:")):
-        raise ValueError(
-            f"{owner}.image_shift shifts the images a frozen {vision_encoder} trunk caches per "
-            "frame; use it with a trained encoder (vision_encoder='resnet')"
-        )
 
 
 def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
@@ -359,7 +353,13 @@ class PretrainedImageEncoder(KeypointEncoder):
     per frame in training (its trainable top layers, if any, run on it each step)."""
 
     def __init__(
-        self, trunk: FrozenTrunk, width: int, num_keypoints: int, out_dim: int, film_dim: int = 0
+        self,
+        trunk: FrozenTrunk,
+        width: int,
+        num_keypoints: int,
+        out_dim: int,
+        film_dim: int = 0,
+        cache_trunk: bool = True,
     ) -> None:
         super().__init__(width, num_keypoints, out_dim, film_dim)
         self.trunk = trunk.eval()  # frozen BatchNorm statistics from the start
@@ -368,7 +368,7 @@ class PretrainedImageEncoder(KeypointEncoder):
             group_norm(width),
             nn.ReLU(inplace=True),
         )
-        self.cache_trunk = True
+        self.cache_trunk = cache_trunk
         self._cache: dict[bytes, torch.Tensor] = {}
 
     def trunk_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -397,9 +397,12 @@ def build_image_encoder(
     film_dim: int = 0,
     pretrained_blocks: int = 4,
     pretrained_trainable: int = 0,
+    cache_trunk: bool = True,
 ) -> KeypointEncoder:
     """The camera encoder called ``name`` (see the module docstring); ``channels`` are the
-    ResNet's stages, or (the last one) the adapter width of a pretrained trunk."""
+    ResNet's stages, or (the last one) the adapter width of a pretrained trunk. ``cache_trunk``
+    (pretrained trunks): keep each training frame's frozen-layer output; pass ``False`` when the
+    frames are augmented, since an augmented frame never repeats."""
     check_vision_encoder(name)
     check_pretrained_trainable("the image encoder", name, pretrained_trainable, pretrained_blocks)
     if name == "resnet":
@@ -409,7 +412,9 @@ def build_image_encoder(
         trunk = EfficientNetLite0Trunk(pretrained_blocks, pretrained_trainable)
     else:
         trunk = HFTrunk(name.removeprefix("hf:"))
-    return PretrainedImageEncoder(trunk, channels[-1], num_keypoints, out_dim, film_dim)
+    return PretrainedImageEncoder(
+        trunk, channels[-1], num_keypoints, out_dim, film_dim, cache_trunk
+    )
 
 
 __all__ = [

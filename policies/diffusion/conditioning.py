@@ -75,6 +75,7 @@ class ObservationEncoder(nn.Module):
                 config.embed_dim if config.vision_film else 0,
                 config.pretrained_blocks,
                 config.pretrained_trainable,
+                cache_trunk=not config.image_shift,  # a shifted frame never repeats
             )
             for _ in config.image_keys
         )

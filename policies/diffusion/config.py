@@ -166,7 +166,7 @@ class DiffusionConfig:
         """Camera-encoder and auxiliary-state settings that can work together."""
         name = type(self).__name__
         check_vision_encoder(self.vision_encoder)
-        check_image_shift(name, self.vision_encoder, self.image_shift, self.image_size)
+        check_image_shift(name, self.image_shift, self.image_size)
         check_pretrained_trainable(
             name, self.vision_encoder, self.pretrained_trainable, self.pretrained_blocks
         )

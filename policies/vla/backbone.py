@@ -207,6 +207,7 @@ class KeypointTokens(nn.Module):
                 hidden if config.vision_film else 0,
                 config.pretrained_blocks,
                 config.pretrained_trainable,
+                cache_trunk=not config.image_shift,  # a shifted frame never repeats
             )
             for _ in config.image_keys
         )

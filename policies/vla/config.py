@@ -144,7 +144,7 @@ class VLAConfig:
                 raise ValueError(
                     f"VLAConfig.vision_channels must be positive ints, got {self.vision_channels}"
                 )
-        check_image_shift("VLAConfig", self.vision_encoder, self.image_shift, self.image_size)
+        check_image_shift("VLAConfig", self.image_shift, self.image_size)
         check_pretrained_trainable(
             "VLAConfig", self.vision_encoder, self.pretrained_trainable, self.pretrained_blocks
         )
