@@ -221,7 +221,7 @@ def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
     return out.reshape(images.shape).to(images.dtype)
 
 
-class FrozenTrunk(nn.Module):
+class PretrainedTrunk(nn.Module):
     """A pretrained feature extractor: ImageNet-normalised input, eval mode whatever ``train()``
     says. ``frozen`` runs its frozen layers without gradients, ``tuned`` its trainable top layers
     (none unless a subclass has them); subclasses give ``extract`` and ``out_channels``."""
@@ -246,7 +246,7 @@ class FrozenTrunk(nn.Module):
         """Whether ``frozen`` runs any layer (worth caching)."""
         return True
 
-    def train(self, mode: bool = True) -> FrozenTrunk:
+    def train(self, mode: bool = True) -> PretrainedTrunk:
         """Stay in eval mode (frozen BatchNorm statistics)."""
         return super().train(False)
 
@@ -260,7 +260,7 @@ class FrozenTrunk(nn.Module):
         return self.tuned(self.frozen(x))
 
 
-class EfficientNetLite0Trunk(FrozenTrunk):
+class EfficientNetLite0Trunk(PretrainedTrunk):
     """EfficientNet-Lite0's stem and first ``blocks`` MBConv blocks, ImageNet weights; the top
     ``trainable`` of those ``blocks + 1`` layers (the last blocks, then the stem) fine-tune."""
 
@@ -304,7 +304,7 @@ class EfficientNetLite0Trunk(FrozenTrunk):
         return h
 
 
-class HFTrunk(FrozenTrunk):
+class HFTrunk(PretrainedTrunk):
     """A local ``transformers`` vision model (``AutoModel``, offline, no remote code): its
     ``last_hidden_state`` as a map (a ViT's patch tokens on their square grid)."""
 
@@ -354,7 +354,7 @@ class PretrainedImageEncoder(KeypointEncoder):
 
     def __init__(
         self,
-        trunk: FrozenTrunk,
+        trunk: PretrainedTrunk,
         width: int,
         num_keypoints: int,
         out_dim: int,
@@ -407,7 +407,7 @@ def build_image_encoder(
     check_pretrained_trainable("the image encoder", name, pretrained_trainable, pretrained_blocks)
     if name == "resnet":
         return ImageEncoder(channels, num_keypoints, out_dim, film_dim)
-    trunk: FrozenTrunk
+    trunk: PretrainedTrunk
     if name == "efficientnet_lite0":
         trunk = EfficientNetLite0Trunk(pretrained_blocks, pretrained_trainable)
     else:
@@ -426,7 +426,7 @@ __all__ = [
     "ImageEncoder",
     "KeypointEncoder",
     "EfficientNetLite0Trunk",
-    "FrozenTrunk",
+    "PretrainedTrunk",
     "HFTrunk",
     "PretrainedImageEncoder",
     "build_image_encoder",
