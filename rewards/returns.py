@@ -7,17 +7,19 @@ filled with a made-up value)::
     progress    p_T - p_0 from a reward model's per-observation progress: the potential-based
                 reward  r_t = p_{t+1} - p_t  summed over the episode (it telescopes), so the
                 shaping cannot change which policy is optimal (Ng, Harada & Russell 1999)
+    success_prob  the reward model's own success probability at the episode's end (its success
+                  head), where it has one: a learned success detector in place of the env's flag
     keypoints   mean distance (m) from the end effector to the task's target point (GRAPE's
                 spatial constraint: lower for direct, decisive motion)
     collisions  number of collision steps
     steps       episode length / the env's step limit
 
-    score = w_success * success + w_progress * progress
+    score = w_success * success + w_progress * progress + w_success_prob * success_prob
             - w_keypoints * keypoints - w_collisions * collisions - w_steps * steps
 
-GRPO's return is the score with ``success`` and ``progress`` weights; TPO ranks a group's
-trajectories by it (GRAPE's objectives below weight task success, safety or efficiency) and pairs
-the best with the worst.
+GRPO's return is the score with ``success``, ``progress`` and ``success_prob`` weights; TPO
+ranks a group's trajectories by it (GRAPE's objectives below weight task success, safety or
+efficiency) and pairs the best with the worst.
 """
 
 from __future__ import annotations
@@ -30,8 +32,15 @@ import numpy as np
 
 from embodied.core.reward import ProgressScore
 
-TERMS = ("success", "progress", "keypoints", "collisions", "steps")
-SIGNS = {"success": 1.0, "progress": 1.0, "keypoints": -1.0, "collisions": -1.0, "steps": -1.0}
+TERMS = ("success", "progress", "success_prob", "keypoints", "collisions", "steps")
+SIGNS = {
+    "success": 1.0,
+    "progress": 1.0,
+    "success_prob": 1.0,
+    "keypoints": -1.0,
+    "collisions": -1.0,
+    "steps": -1.0,
+}
 OBJECTIVES: dict[str, dict[str, float]] = {
     "success": {"success": 1.0, "progress": 0.5, "keypoints": 1.0},
     "safety": {"success": 1.0, "progress": 0.5, "keypoints": 1.0, "collisions": 0.5},
@@ -55,6 +64,8 @@ def score_terms(traj: Any, progress: ProgressScore | None, limit: int | None) ->
     }
     if progress is not None:
         terms["progress"] = progress_gain(progress)
+        if progress.success_prob is not None:
+            terms["success_prob"] = float(progress.success_prob)
     if "collisions" in info:
         terms["collisions"] = float(np.sum(info["collisions"]))
     if "ee_pos" in info and "goal_pos" in info and traj.length:

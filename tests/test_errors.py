@@ -73,6 +73,7 @@ JOB_MATRIX = [
     ("grpo", "iterations=0", "config key 'iterations' = 0 is out of range: expected >= 1"),
     ("grpo", "group_size=1", "config key 'group_size' = 1 is out of range: expected >= 2"),
     ("grpo", "keep_high=0.05", "keep_low = 0.1 > keep_high = 0.05"),
+    ("grpo", "reward=success success_prob_weight=1", "model's success head: set reward=learned"),
     ("grpo", "clip_low=-0.1", "config key 'clip_low' = -0.1 is out of range: expected >= 0.0"),
     ("grpo", "loss_agg=sum", "config key 'loss_agg' = 'sum': expected one of"),
     ("grpo", "reward=vibes", "config key 'reward' = 'vibes': expected one of"),
@@ -108,7 +109,7 @@ def test_every_job_refuses_a_bad_value_naming_the_key_and_range(
         "bc": ["dataset=d"], "reward": ["dataset=d"], "grpo": ["policy=p", "reward_model=m"],
         "tpo": ["policy=p"],
     }[job]  # fmt: skip
-    argv = ["train", job, *required, override, f"out={tmp_path / 'out'}"]
+    argv = ["train", job, *required, *override.split(" "), f"out={tmp_path / 'out'}"]
     _refused(argv, message, tmp_path / "out", capsys)
 
 

@@ -65,6 +65,16 @@ def test_grpo_return_is_the_telescoped_potential_reward() -> None:
     assert returns(traj, ProgressScore(p)) == pytest.approx(2.0 + 3.0 * step_rewards.sum())
 
 
+def test_the_reward_model_s_success_head_is_a_term_where_it_has_one() -> None:
+    """``success_prob``: the learned model's success probability at the end, weighted like the
+    other terms; a model without a success head cannot give it, and weighting it then refuses."""
+    traj = _traj(False, ee=[[0, 0, 0]] * 2, goal=[0, 0, 0], collisions=[0, 0])
+    score = TrajectoryScore({"success": 1.0, "progress": 1.0, "success_prob": 2.0})
+    assert score(traj, ProgressScore(np.array([0.1, 0.5, 0.9]), 0.8)) == pytest.approx(0.8 + 1.6)
+    with pytest.raises(ValueError, match=r"cannot give score terms \['success_prob'\]"):
+        score(traj, ProgressScore(np.array([0.1, 0.5, 0.9])))
+
+
 def test_a_judge_s_unanswered_frames_are_skipped_not_filled() -> None:
     nan = float("nan")
     assert progress_gain(ProgressScore(np.array([0.0, nan, 0.4, nan]))) == pytest.approx(0.4)

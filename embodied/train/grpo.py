@@ -81,6 +81,7 @@ class GRPOConfig(OnPolicyConfig):
     name: str = "grpo"
     success_weight: float = 1.0
     progress_weight: float = 1.0
+    success_prob_weight: float = 0.0  # the learned reward model's success head at the end
     iterations: int = setting(20, low=1)
     keep_low: float = setting(0.1, low=0.0, high=1.0)  # dynamic sampling: keep groups whose
     keep_high: float = setting(0.9, low=0.0, high=1.0)  # success rate is in [low, high]
@@ -95,8 +96,14 @@ class GRPOConfig(OnPolicyConfig):
     monitor_warn: float = 0.3  # warn when the learned/privileged per-step correlation falls below
 
     def check(self) -> None:
-        """The shared rules, and a keep range that is a range."""
+        """The shared rules, a success head to read where it is weighted, and a keep range that
+        is a range."""
         super().check()
+        if self.success_prob_weight and self.reward != "learned":
+            raise ValueError(
+                f"success_prob_weight = {self.success_prob_weight} reads a learned reward "
+                f"model's success head: set reward=learned (got reward={self.reward!r})"
+            )
         if self.keep_low > self.keep_high:
             raise ValueError(
                 f"keep_low = {self.keep_low} > keep_high = {self.keep_high}: no group could be kept"
@@ -251,7 +258,13 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     policy.eval()  # no dropout: sampling and recomputation must see the same network
     reference = copy.deepcopy(policy).requires_grad_(False) if cfg.kl_coef > 0 else None
     reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
-    returns_of = TrajectoryScore({"success": cfg.success_weight, "progress": cfg.progress_weight})
+    returns_of = TrajectoryScore(
+        {
+            "success": cfg.success_weight,
+            "progress": cfg.progress_weight,
+            "success_prob": cfg.success_prob_weight,
+        }
+    )
     # The monitor compares a model's progress with the simulator's, where the env records it.
     monitored = cfg.reward in ("learned", "judge")
     envs = {task: env_kwargs(task, policy, reward_model, cfg.env) for task in task_names(cfg)}
