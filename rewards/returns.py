@@ -32,8 +32,7 @@ import numpy as np
 
 from embodied.core.reward import ProgressScore
 
-TERMS = ("success", "progress", "success_prob", "keypoints", "collisions", "steps")
-SIGNS = {
+SIGNS = {  # each term's sign in the score: rewards add, costs subtract
     "success": 1.0,
     "progress": 1.0,
     "success_prob": 1.0,
@@ -41,6 +40,7 @@ SIGNS = {
     "collisions": -1.0,
     "steps": -1.0,
 }
+TERMS = tuple(SIGNS)
 OBJECTIVES: dict[str, dict[str, float]] = {
     "success": {"success": 1.0, "progress": 0.5, "keypoints": 1.0},
     "safety": {"success": 1.0, "progress": 0.5, "keypoints": 1.0, "collisions": 0.5},

@@ -349,8 +349,9 @@ class HFTrunk(PretrainedTrunk):
 
 class PretrainedImageEncoder(KeypointEncoder):
     """A pretrained trunk, a trainable ``1x1 conv + GroupNorm + ReLU`` adapter to ``width``
-    channels, then ``KeypointEncoder``'s head; the output of the trunk's frozen layers is cached
-    per frame in training (its trainable top layers, if any, run on it each step)."""
+    channels, then ``KeypointEncoder``'s head; with ``cache_trunk`` the output of the trunk's
+    frozen layers is cached per frame in training (its trainable top layers, if any, run on it
+    each step)."""
 
     def __init__(
         self,
