@@ -272,6 +272,35 @@ def test_weights_that_do_not_match_the_config_name_the_tensor(tmp_path: Path) ->
         ProgressRewardModel.from_pretrained(tmp_path / "model")
 
 
+def test_the_stem_brings_any_camera_size_to_about_32_px_and_a_saved_model_keeps_its_stride(
+    tmp_path: Path,
+) -> None:
+    def blocks_input(model: ProgressRewardModel, size: int) -> tuple[int, int]:
+        x = torch.zeros(1, 3, size, size)
+        return tuple(model.image_encoder.stem(x).shape[2:])
+
+    for size, stride in [(16, 2), (64, 2), (96, 3), (128, 4)]:
+        model = ProgressRewardModel(tiny_config(image_size=size))
+        assert model.config.vision_stem_stride == stride  # recorded as built
+        assert blocks_input(model, size) == (size // stride,) * 2
+    explicit = ProgressRewardModel(tiny_config(image_size=96, vision_stem_stride=2))
+    assert blocks_input(explicit, 96) == (48, 48)
+    saved = tmp_path / "model"
+    explicit.eval().save_pretrained(saved)
+    assert json.loads((saved / "config.json").read_text())["vision_stem_stride"] == 2
+    # A model saved before the field existed has a stride-2 stem, whatever the default is now.
+    config = json.loads((saved / "config.json").read_text())
+    del config["vision_stem_stride"]
+    (saved / "config.json").write_text(json.dumps(config))
+    loaded = ProgressRewardModel.from_pretrained(saved).eval()
+    frames = torch.from_numpy(
+        np.random.default_rng(0).integers(0, 256, (1, 2, 96, 96, 3), np.uint8)
+    )
+    assert torch.equal(
+        loaded.progress(frames, INSTRUCTIONS[:1]), explicit.progress(frames, INSTRUCTIONS[:1])
+    )
+
+
 # --- bad input ---------------------------------------------------------------------------------
 def test_bad_inputs_are_errors_that_say_what_is_wrong() -> None:
     model = ProgressRewardModel(tiny_config())
@@ -301,6 +330,10 @@ def test_config_errors_name_the_field() -> None:
         tiny_config(vocab=["push"])
     with pytest.raises(ValueError, match="ProgressConfig.image_size"):
         tiny_config(image_size=0)
+    with pytest.raises(ValueError, match="ProgressConfig.vision_stem_stride"):
+        tiny_config(vision_stem_stride=-1)
+    with pytest.raises(ValueError, match=r"vision_stem_stride=3 sets the resnet.*efficientnet"):
+        tiny_config(vision_stem_stride=3, vision_encoder="efficientnet_lite0")
 
 
 def test_augmentation_is_deterministic_per_clip_and_keeps_uint8() -> None:

@@ -247,6 +247,9 @@ def test_fine_tuning_starts_from_the_pretrained_weights(labelled_reach, tmp_path
     wider = dataclasses.replace(cfg.model, d_model=64)
     with pytest.raises(ValueError, match=r"model.d_model=64 \(pretrained: 32\)"):
         train_reward(dataclasses.replace(tuned_cfg, model=wider))
+    finer = dataclasses.replace(cfg.model, vision_stem_stride=1)
+    with pytest.raises(ValueError, match=r"model.vision_stem_stride=1 \(pretrained: 2\)"):
+        pretrained_model(str(base.path / "model"), finer, 32, tuned.config.vocab[1:])
     with pytest.raises(ValueError, match="reads 32 px frames; the dataset's are 64 px"):
         pretrained_model(str(base.path / "model"), cfg.model, 64, tuned.config.vocab[1:])
     with warnings.catch_warnings():

@@ -135,8 +135,10 @@ class KeypointEncoder(nn.Module):
 class ImageEncoder(KeypointEncoder):
     """One camera's encoder: ``uint8 [N, H, W, 3] -> float [N, out_dim]``.
 
-    A stride-2 stem, one residual block per entry of ``channels`` (the first keeps the
-    resolution, the rest halve it), then ``KeypointEncoder``'s head (FiLM when ``film_dim``).
+    A stem (a ``(2s - 1) x (2s - 1)`` convolution of stride ``s = stem_stride``: 3x3 at the
+    default 2), one residual block per entry of ``channels`` (the first keeps the resolution, the
+    rest halve it), then ``KeypointEncoder``'s head (FiLM when ``film_dim``). A larger stride lets
+    a larger image reach the blocks at the size a smaller one does, at that one's cost per frame.
     """
 
     def __init__(
@@ -145,11 +147,15 @@ class ImageEncoder(KeypointEncoder):
         num_keypoints: int = 32,
         out_dim: int = 64,
         film_dim: int = 0,
+        stem_stride: int = 2,
     ) -> None:
         channels = list(channels)
+        if stem_stride < 1:
+            raise ValueError(f"ImageEncoder.stem_stride must be >= 1, got {stem_stride}")
         super().__init__(channels[-1], num_keypoints, out_dim, film_dim)
+        s = stem_stride
         self.stem = nn.Sequential(
-            nn.Conv2d(3, channels[0], 3, 2, 1, bias=False),
+            nn.Conv2d(3, channels[0], 2 * s - 1, s, s - 1, bias=False),
             group_norm(channels[0]),
             nn.ReLU(inplace=True),
         )
@@ -160,7 +166,8 @@ class ImageEncoder(KeypointEncoder):
         self.blocks = nn.Sequential(*blocks)
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
-        """``[N, 3, H, W] -> [N, channels[-1], H / 2^len(channels), W / 2^len(channels)]``."""
+        """``[N, 3, H, W] -> [N, channels[-1], h, w]``: ``H / stem_stride``, then halved by each
+        block after the first."""
         return self.blocks(self.stem(x))
 
 
@@ -399,15 +406,17 @@ def build_image_encoder(
     pretrained_blocks: int = 4,
     pretrained_trainable: int = 0,
     cache_trunk: bool = True,
+    stem_stride: int = 2,
 ) -> KeypointEncoder:
     """The camera encoder called ``name`` (see the module docstring); ``channels`` are the
-    ResNet's stages, or (the last one) the adapter width of a pretrained trunk. ``cache_trunk``
-    (pretrained trunks): keep each training frame's frozen-layer output; pass ``False`` when the
-    frames are augmented, since an augmented frame never repeats."""
+    ResNet's stages, or (the last one) the adapter width of a pretrained trunk; ``stem_stride`` is
+    the ResNet's (a pretrained trunk keeps its own stem). ``cache_trunk`` (pretrained trunks):
+    keep each training frame's frozen-layer output; pass ``False`` when the frames are augmented,
+    since an augmented frame never repeats."""
     check_vision_encoder(name)
     check_pretrained_trainable("the image encoder", name, pretrained_trainable, pretrained_blocks)
     if name == "resnet":
-        return ImageEncoder(channels, num_keypoints, out_dim, film_dim)
+        return ImageEncoder(channels, num_keypoints, out_dim, film_dim, stem_stride)
     trunk: PretrainedTrunk
     if name == "efficientnet_lite0":
         trunk = EfficientNetLite0Trunk(pretrained_blocks, pretrained_trainable)

@@ -253,6 +253,7 @@ def pretrained_model(
             f"pretrained model {directory} reads {have.image_size} px frames; the dataset's are "
             f"{image_size} px"
         )
+    wanted = replace(wanted, image_size=image_size).resolved()  # the stem stride at this size
     names = [f.name for f in fields(ProgressConfig)
              if f.name not in ("image_size", "image_key", "vocab")]  # fmt: skip
     differ = [
