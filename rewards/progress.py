@@ -121,8 +121,9 @@ class ProgressConfig:
     def stem_stride(self) -> int:
         """The resnet stem's stride: ``vision_stem_stride``, or by default ``image_size // 32``
         (at least 2), so the residual blocks see about 32 px whatever the camera's size: a 96 px
-        model then costs a 64 px one's blocks per frame and its scoring batches as well (2x the
-        frames/s of the stride-2 stem at 16 clips a call, 2.4x batch 1's rate against 1.5x)."""
+        model then costs a 64 px one's blocks per frame and its scoring batches as well (1.5-2x
+        the frames/s of the stride-2 stem at 16 clips a call, 2.1-2.3x batch 1's rate against
+        ~1.5x; the six-task model trained to the same VOC and success AUROC)."""
         return self.vision_stem_stride or max(2, self.image_size // 32)
 
     def resolved(self) -> ProgressConfig:
