@@ -1,8 +1,11 @@
-"""Offscreen MuJoCo rendering for every simulator wrapper: fast CPU defaults, lazy GL contexts."""
+"""Offscreen MuJoCo rendering for every simulator wrapper: fast CPU defaults, one lazy GL context
+per process that every renderer shares."""
 
 from __future__ import annotations
 
 import atexit
+import os
+import threading
 import weakref
 
 import mujoco
@@ -25,20 +28,48 @@ def set_render_quality(model: mujoco.MjModel, fast: bool = True) -> None:
     model.light_castshadow[:] = not fast
 
 
-_OPEN: weakref.WeakSet[CameraRenderer] = weakref.WeakSet()  # renderers holding a GL context
+_OPEN: weakref.WeakSet[CameraRenderer] = weakref.WeakSet()  # renderers holding GL resources
+_CONTEXTS: dict[tuple[int, int], mujoco.GLContext] = {}  # (process, thread) -> its shared context
 _exit_hook: list[bool] = []  # [True] once ``_close_open`` is registered to run at exit
+MAX_GEOM = 10_000  # scene capacity, as mujoco.Renderer's
 
 
 def _close_open() -> None:
-    """Release every open renderer's GL context (at interpreter exit)."""
+    """Release every open renderer's GL resources, then the shared contexts (at exit)."""
     for renderer in list(_OPEN):
         renderer.close()
+    for key in [k for k in _CONTEXTS if k[0] == os.getpid()]:
+        _CONTEXTS.pop(key).free()
+
+
+def shared_context() -> mujoco.GLContext:
+    """The GL context every renderer of this process and thread draws in, made current.
+
+    One context, not one per renderer: with software OpenGL a fresh context costs ~0.15 s before
+    its first frame and switching between contexts ~5 ms a frame, where a renderer's own MuJoCo
+    context (its framebuffer, textures and meshes) in a shared one costs ~10 ms to make. Keyed
+    by process too, so a forked worker makes its own instead of using its parent's.
+    """
+    key = (os.getpid(), threading.get_ident())
+    context = _CONTEXTS.get(key)
+    if context is None:
+        context = _CONTEXTS[key] = mujoco.GLContext(64, 64)  # renders go to MuJoCo's framebuffer
+        # Free GL resources at exit before EGL is torn down under them: exit handlers run
+        # last-registered first and MuJoCo registers EGL's teardown with its first context, so a
+        # handler registered after that runs first. A weakref.finalize alone runs after it
+        # whenever some finalizer existed before the first context (importing torch makes one),
+        # and then prints EGL errors.
+        if not _exit_hook:
+            atexit.register(_close_open)
+            _exit_hook.append(True)
+    context.make_current()
+    return context
 
 
 class CameraRenderer:
-    """Renders named cameras of one model at one resolution.
+    """Renders named cameras of one model at one resolution, in the process's shared context.
 
-    The GL context is created on the first ``render`` call, in the process that renders, so an env
+    GL resources are made on the first ``render`` call, in the process that renders, so an env
     built in a parent process can be forked into vector-env workers safely.
     """
 
@@ -47,30 +78,54 @@ class CameraRenderer:
         if self.width > model.vis.global_.offwidth or self.height > model.vis.global_.offheight:
             model.vis.global_.offwidth = max(self.width, model.vis.global_.offwidth)
             model.vis.global_.offheight = max(self.height, model.vis.global_.offheight)
-        self._renderer: mujoco.Renderer | None = None
+        self._context: mujoco.MjrContext | None = None
         self._finalizer: weakref.finalize | None = None
+        self._scene = self._camera = self._rect = None
+        self._option = mujoco.MjvOption()
+
+    def _open(self) -> None:
+        """MuJoCo's render context for this model in the shared GL context, and a scene."""
+        self._scene = mujoco.MjvScene(self.model, maxgeom=MAX_GEOM)
+        self._camera = mujoco.MjvCamera()
+        self._camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
+        self._rect = mujoco.MjrRect(0, 0, self.width, self.height)
+        self._context = mujoco.MjrContext(self.model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        self._finalizer = weakref.finalize(self, _free, self._context, os.getpid())
+        self._finalizer.atexit = False  # _close_open frees it, before EGL's teardown
+        _OPEN.add(self)
 
     def render(self, data: mujoco.MjData, camera: str | int) -> np.ndarray:
         """Return an ``uint8 [H, W, 3]`` image of ``camera`` for the current state of ``data``."""
-        if self._renderer is None:
-            self._renderer = mujoco.Renderer(self.model, self.height, self.width)
-            # Free the GL context when the renderer is collected, and at exit before EGL is torn
-            # down under it: exit handlers run last-registered first and MuJoCo registers EGL's
-            # teardown with its first context, so a handler registered after that runs first. A
-            # weakref.finalize alone runs after it whenever some finalizer existed before the
-            # first context (importing torch makes one), and then prints EGL errors.
-            self._finalizer = weakref.finalize(self, self._renderer.close)
-            self._finalizer.atexit = False
-            _OPEN.add(self)
-            if not _exit_hook:
-                atexit.register(_close_open)
-                _exit_hook.append(True)
-        self._renderer.update_scene(data, camera)
-        return self._renderer.render()
+        shared_context()
+        if self._context is None:
+            self._open()
+        camera_id = camera
+        if isinstance(camera, str):
+            camera_id = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+        if not 0 <= camera_id < self.model.ncam:
+            names = [self.model.camera(i).name for i in range(self.model.ncam)]
+            raise ValueError(f"camera {camera!r} is not in the model; it has {names}")
+        self._camera.fixedcamid = camera_id
+        mujoco.mjv_updateScene(
+            self.model, data, self._option, None, self._camera, mujoco.mjtCatBit.mjCAT_ALL,
+            self._scene,
+        )  # fmt: skip
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
+        mujoco.mjr_render(self._rect, self._scene, self._context)
+        image = np.empty((self.height, self.width, 3), dtype=np.uint8)
+        mujoco.mjr_readPixels(image, None, self._rect, self._context)
+        return np.flipud(image)
 
     def close(self) -> None:
-        """Release the GL context (safe to call twice)."""
+        """Release the GL resources (safe to call twice)."""
         if self._finalizer is not None:
             self._finalizer()
         _OPEN.discard(self)
-        self._renderer, self._finalizer = None, None
+        self._context, self._finalizer = None, None
+
+
+def _free(context: mujoco.MjrContext, pid: int) -> None:
+    """Free a renderer's MuJoCo context in the shared GL context of the process that made it."""
+    if os.getpid() == pid:
+        shared_context()
+        context.free()
