@@ -31,7 +31,7 @@ def set_render_quality(model: mujoco.MjModel, fast: bool = True) -> None:
 _OPEN: weakref.WeakSet[CameraRenderer] = weakref.WeakSet()  # renderers holding GL resources
 _CONTEXTS: dict[tuple[int, int], mujoco.GLContext] = {}  # (process, thread) -> its shared context
 _exit_hook: list[bool] = []  # [True] once ``_close_open`` is registered to run at exit
-MAX_GEOM = 10_000  # scene capacity, as mujoco.Renderer's
+MIN_GEOM = 1_000  # a scene's first capacity (it doubles when a frame fills it)
 
 
 def _close_open() -> None:
@@ -85,7 +85,8 @@ class CameraRenderer:
 
     def _open(self) -> None:
         """MuJoCo's render context for this model in the shared GL context, and a scene."""
-        self._scene = mujoco.MjvScene(self.model, maxgeom=MAX_GEOM)
+        # mujoco.Renderer's 10,000 geoms take ~25-100 ms to allocate; a scene that fills grows
+        self._scene = mujoco.MjvScene(self.model, maxgeom=max(MIN_GEOM, 2 * self.model.ngeom))
         self._camera = mujoco.MjvCamera()
         self._camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
         self._rect = mujoco.MjrRect(0, 0, self.width, self.height)
@@ -106,15 +107,24 @@ class CameraRenderer:
             names = [self.model.camera(i).name for i in range(self.model.ncam)]
             raise ValueError(f"camera {camera!r} is not in the model; it has {names}")
         self._camera.fixedcamid = camera_id
-        mujoco.mjv_updateScene(
-            self.model, data, self._option, None, self._camera, mujoco.mjtCatBit.mjCAT_ALL,
-            self._scene,
-        )  # fmt: skip
+        self._update_scene(data)
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
         mujoco.mjr_render(self._rect, self._scene, self._context)
         image = np.empty((self.height, self.width, 3), dtype=np.uint8)
         mujoco.mjr_readPixels(image, None, self._rect, self._context)
         return np.flipud(image)
+
+    def _update_scene(self, data: mujoco.MjData) -> None:
+        """The scene of ``data`` from the camera; a full scene (geoms left out) grows and is made
+        again, so no frame ever misses a geom."""
+        while True:
+            mujoco.mjv_updateScene(
+                self.model, data, self._option, None, self._camera, mujoco.mjtCatBit.mjCAT_ALL,
+                self._scene,
+            )  # fmt: skip
+            if self._scene.ngeom < self._scene.maxgeom:
+                return
+            self._scene = mujoco.MjvScene(self.model, maxgeom=2 * self._scene.maxgeom)
 
     def close(self) -> None:
         """Release the GL resources (safe to call twice)."""

@@ -184,3 +184,26 @@ def test_an_unknown_camera_is_named() -> None:
             base._renderer.render(base.data, "no_such_camera")
     finally:
         env.close()
+
+
+def test_a_scene_that_fills_grows_and_drops_no_geom() -> None:
+    """A scene too small for the model grows on the frame that fills it: the frame is still
+    mujoco.Renderer's, every geom drawn."""
+    import mujoco
+    import numpy as np
+
+    import embodied.sims as sims
+
+    env = sims.make("PickPlace", image_size=32)
+    try:
+        base = env.unwrapped
+        env.reset(seed=0)
+        renderer = base._renderer
+        renderer._scene = mujoco.MjvScene(base.model, maxgeom=2)  # far fewer than drawn
+        image = renderer.render(base.data, base.cameras[0])
+        assert renderer._scene.maxgeom > renderer._scene.ngeom > 2
+        with mujoco.Renderer(base.model, 32, 32) as reference:
+            reference.update_scene(base.data, base.cameras[0])
+            np.testing.assert_array_equal(image, reference.render())
+    finally:
+        env.close()
