@@ -32,7 +32,13 @@ from embodied.sims.replay import (  # noqa: E402
     supports_render_state,
 )
 from embodied.sims.tasks.base import Task  # noqa: E402
-from embodied.sims.vector import enter_worker, grouped_seeds, make_vec_env, task_module  # noqa: E402
+from embodied.sims.vector import (  # noqa: E402
+    enter_worker,
+    grouped_seeds,
+    make_vec_env,
+    render_envs,
+    task_module,
+)
 
 # isort: split
 # Importing a task module registers its task; this order is ``list_tasks()``'s (easiest first).
@@ -50,6 +56,7 @@ __all__ = [
     "make_expert",
     "make_vec_env",
     "register_task",
+    "render_envs",
     "suite_of",
     "skips_unread_images",
     "supports_render_state",

@@ -114,6 +114,27 @@ def test_capture_records_the_rendered_frames_of_the_first_episodes() -> None:
     assert trajs[2].frames is None
 
 
+def test_capture_renders_only_the_sub_envs_it_films(monkeypatch) -> None:
+    vec = sims.make_vec_env("Reach", 3, autoreset_mode="disabled", obs_mode="state")
+    renders = [0] * 3
+    for i, env in enumerate(vec.envs):
+        original = env.render
+
+        def counted(i: int = i, original=original) -> np.ndarray:
+            renders[i] += 1
+            return original()
+
+        monkeypatch.setattr(env, "render", counted)
+    try:
+        trajs = list(rollout_vector(vec, ExpertActor(vec), [5, 6, 7], capture=1))
+    finally:
+        vec.close()
+    (filmed,) = [t for t in trajs if t.frames is not None]
+    # One render per frame of the filmed episode (sub-env 0), none on the other two.
+    assert renders == [filmed.length + 1, 0, 0]
+    assert filmed.frames.shape[0] == filmed.length + 1
+
+
 def test_expert_labels_are_recorded_while_the_noisy_action_is_executed() -> None:
     class Labelled:
         """Executes a constant push along +x but labels every step with the zero action."""

@@ -14,6 +14,7 @@ from embodied.core.policy import Policy
 from embodied.core.trajectory import Trajectory
 from embodied.core.trajectory_builder import TrajectoryBuilder
 from embodied.sims.registry import add_action_noise
+from embodied.sims.vector import render_envs
 
 ActFn = Callable[[dict[str, Any]], np.ndarray]
 # What a trajectory records as its actions: what the env executed, or the expert's clean labels.
@@ -134,11 +135,9 @@ def rollout_vector(
 
     def record_frames(envs: Sequence[int]) -> None:
         """Append the current render of each capturing sub-env among ``envs``."""
-        if any(frames[i] is not None for i in envs):
-            images = vec.call("render")
-            for i in envs:
-                if frames[i] is not None:
-                    frames[i].append(np.asarray(images[i]))
+        capturing = [i for i in envs if frames[i] is not None]
+        for i, image in render_envs(vec, capturing).items():
+            frames[i].append(np.asarray(image))
 
     def start(envs: list[int]) -> Any:
         """Reset ``envs`` to the next pending seeds; return the batched observation."""
