@@ -141,6 +141,8 @@ def test_the_presets_name_real_keys() -> None:
     state = load_config(DemoConfig, None, STATE)
     assert (state.inputs, state.dart) == ("state", 0)
     assert (state.bc["steps"], state.bc["policy_overrides"]["n_action_steps"]) == (1000, 4)
+    # --state keeps the recipe its results were measured with, whatever the camera demo's is
+    assert (state.reward["steps"], state.grpo["iterations"]) == (400, 16)
     assert state.bc["policy_overrides"]["cond_mlp_dims"] == [256, 256]  # merged, not replaced
     both = load_config(DemoConfig, None, presets(quick=True, state=True))
     assert both.inputs == "state" and (both.bc["steps"], both.reward["steps"]) == (40, 20)

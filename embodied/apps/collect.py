@@ -247,6 +247,9 @@ def _start_helpers_without_sigint() -> None:
         or threading.current_thread() is not threading.main_thread()
     ):
         return
+    # The server imports the workers' module once and forks them from it: a fresh worker spent
+    # ~5 s importing torch, the simulators and the dataset writer, at every collection.
+    multiprocessing.set_forkserver_preload([EpisodeRunner.__module__])
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         multiprocessing.resource_tracker.ensure_running()
