@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats
 
+# scipy.stats is imported where it is used: importing it takes ~1 s, which every process that
+# imports embodied.rewards (collection workers, Ray actors, each CLI command) would pay.
 __all__ = ["calibration_error", "success_auroc", "value_order_correlation", "voc_summary"]
 
 
@@ -33,6 +34,8 @@ def value_order_correlation(pred: np.ndarray) -> float:
     pred = _finite_1d("pred", pred)
     if len(pred) < 2 or np.all(pred == pred[0]):
         return 0.0
+    from scipy import stats
+
     result = stats.spearmanr(pred, np.arange(len(pred)))
     return float(result.statistic)
 
@@ -67,6 +70,8 @@ def success_auroc(final_progress: np.ndarray, success: np.ndarray) -> float:
         raise ValueError(
             f"success_auroc needs both successes and failures, got {n_pos} and {n_neg}"
         )
+    from scipy import stats
+
     ranks = stats.rankdata(scores)  # 1-based, ties get their average rank
     u = ranks[success].sum() - n_pos * (n_pos + 1) / 2.0
     return float(u / (n_pos * n_neg))

@@ -117,7 +117,8 @@ def test_bench_rollout_compares_backends_with_the_sync_baseline(ray_instance, ca
     from embodied.apps.cli import main
 
     assert main(["bench", "rollout", "--json", "--task", "Reach", "--envs", "2",
-                 "--episodes", "2", "--repeats", "1", "--ray-workers", "2"]) == 0  # fmt: skip
+                 "--episodes", "2", "--repeats", "1", "--ray-workers", "2",
+                 "--max-steps", "16"]) == 0  # fmt: skip
     rows = {r["backend"]: r for r in json.loads(capsys.readouterr().out)}
     every, read = CAMERA_EVERY, CAMERA_READ
     assert set(rows) == {"sync", "async", "ray", every, read}
@@ -126,3 +127,5 @@ def test_bench_rollout_compares_backends_with_the_sync_baseline(ray_instance, ca
     state = [rows[b] for b in ("sync", "async", "ray")]
     assert all(r["steps_per_s"] > 0 and r["baseline"] == "sync (2 envs)" for r in state)
     assert rows[read]["steps_per_s"] > 0
+    for r in rows.values():  # episodes cut at --max-steps (Reach's own limit is 80 steps)
+        assert r["steps_per_s"] * 60 / r["episodes_per_min"] == pytest.approx(16)

@@ -15,9 +15,14 @@ from embodied.sims import metaworld as mw  # noqa: E402
 from embodied.sims.metaworld_stages import DEFAULT, MT10, RULES, stage_rule  # noqa: E402
 
 
-def expert_stages(task: str, seed: int) -> tuple[list[int], dict]:
+def expert_env(task: str):
+    """One env for all of a task's seeds: a reset with a seed starts the same episode as a new env
+    would (checked below), and building the env costs more than an expert episode."""
+    return sims.make(f"metaworld/{task}", obs_mode="state", terminate_on_success=True)
+
+
+def expert_stages(env, seed: int) -> tuple[list[int], dict]:
     """Stage after the reset and after every step of one expert episode, and the last info."""
-    env = sims.make(f"metaworld/{task}", obs_mode="state", terminate_on_success=True)
     expert = sims.make_expert(env)
     obs, info = env.reset(seed=seed)
     stages, done = [info["stage"]], False
@@ -28,21 +33,22 @@ def expert_stages(task: str, seed: int) -> tuple[list[int], dict]:
         n = len(env.unwrapped.stages)
         assert info["progress"] == np.float32((info["stage"] + info["success"]) / n)
         done = terminated or truncated
-    env.close()
     return stages, info
 
 
 @pytest.mark.parametrize("task", MT10)
 def test_expert_stages_rise_and_end_at_the_last_stage(task: str) -> None:
     n = len(stage_rule(task).names)
+    env = expert_env(task)
     # Seeds 0-2 (door-open: 0, 1, 3; Meta-World's door expert misses seed 2's handle).
     for seed in (0, 1, 3) if task == "door-open-v3" else (0, 1, 2):
-        stages, info = expert_stages(task, seed)
+        stages, info = expert_stages(env, seed)
         assert info["success"], f"{task} seed {seed}: the expert failed"
         assert np.all(np.diff(stages) >= 0), f"{task} seed {seed}: stages {stages}"
         assert stages[0] == 0 and stages[-1] == n - 1
         if n > 1:  # every stage is visited on the way
             assert set(stages) == set(range(n)), f"{task} seed {seed}: stages {stages}"
+    env.close()
 
 
 @pytest.mark.slow
@@ -51,14 +57,30 @@ def test_expert_stages_over_twenty_seeds(task: str) -> None:
     """Seeds 0-19. Meta-World's peg-insert-side expert once pulls a jammed peg back out of the
     hole and pushes it in again (seed 9): that episode undoes its last stage, as it undoes the
     task, and is counted rather than failed."""
-    regressions = []
+    regressions, env = [], expert_env(task)
     for seed in range(20):
-        stages, info = expert_stages(task, seed)
+        stages, info = expert_stages(env, seed)
         if info["success"]:
             assert stages[-1] == len(stage_rule(task).names) - 1
         if np.any(np.diff(stages) < 0):
             regressions.append(seed)
     assert len(regressions) <= (1 if task == "peg-insert-side-v3" else 0), regressions
+    env.close()
+
+
+def test_a_seeded_reset_replays_the_episode_a_new_env_plays() -> None:
+    """What lets one env serve every seed above: after other episodes, ``reset(seed=s)`` gives
+    the stages and final state of seed s in a new env."""
+    task = "peg-insert-side-v3"
+    used = expert_env(task)
+    for seed in (4, 1):
+        expert_stages(used, seed)
+    for seed in (1, 2):
+        new = expert_env(task)
+        assert expert_stages(used, seed)[0] == expert_stages(new, seed)[0]
+        np.testing.assert_array_equal(used.unwrapped.data.qpos, new.unwrapped.data.qpos)
+        new.close()
+    used.close()
 
 
 def test_every_mt10_task_has_its_own_rule_and_others_the_default() -> None:

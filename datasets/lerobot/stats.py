@@ -22,6 +22,7 @@ quantiles as the count-weighted mean of the episodes' quantiles (approximate, as
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -62,19 +63,34 @@ def _image_samples(frames: np.ndarray) -> np.ndarray:
     return images
 
 
-def _quantile(histogram: np.ndarray, edges: np.ndarray, target: float) -> float:
-    """A quantile interpolated in a histogram (LeRobot's ``_compute_single_quantile``)."""
-    cumulative = np.cumsum(histogram)
-    index = int(np.searchsorted(cumulative, target))
-    if index == 0:
-        return edges[0]
-    if index >= len(cumulative):
-        return edges[-1]
-    before = cumulative[index - 1]
-    in_bin = cumulative[index] - before
-    if in_bin == 0:
-        return edges[index]
-    return edges[index] + (target - before) / in_bin * (edges[index + 1] - edges[index])
+def _quantiles(column: np.ndarray, low: np.generic, high: np.generic) -> list[float]:
+    """``QUANTILES`` of one column as LeRobot interpolates them in its histogram of
+    ``QUANTILE_BINS`` bins (``_compute_single_quantile``), read off the sorted column instead
+    of building the histogram (the same values: tests/test_dataset_stats.py).
+
+    The histogram's cumulative count at bin i is ``#(x < edges[i + 1])`` (every x in the last
+    bin). A quantile's bin is the first whose count reaches ``target = q * n``, i.e. reaches
+    ``k = ceil(target)``: the first edge above the k-th smallest value closes it.
+    """
+    edges = np.linspace(low - 1e-10, high + 1e-10, QUANTILE_BINS + 1)
+    ordered = np.sort(column)
+    values: list[float] = []
+    for q in QUANTILES.values():
+        target = q * len(column)
+        kth = ordered[math.ceil(target) - 1]
+        index = min(int(np.searchsorted(edges, kth, side="right")), QUANTILE_BINS) - 1
+        if index <= 0:
+            values.append(edges[0])
+            continue
+        before = np.float64(np.searchsorted(ordered, edges[index], side="left"))
+        side = "left" if index + 1 < QUANTILE_BINS else "right"
+        in_bin = np.float64(np.searchsorted(ordered, edges[index + 1], side=side)) - before
+        if in_bin == 0:
+            values.append(edges[index])
+            continue
+        step = edges[index + 1] - edges[index]
+        values.append(edges[index] + (target - before) / in_bin * step)
+    return values
 
 
 def _row_stats(rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -89,15 +105,9 @@ def _row_stats(rows: np.ndarray) -> dict[str, np.ndarray]:
         "mean": mean,
         "std": np.sqrt(np.maximum(0, variance)),
     }
-    histograms, edges = [], []
-    for column in range(rows.shape[1]):
-        bins = np.linspace(low[column] - 1e-10, high[column] + 1e-10, QUANTILE_BINS + 1)
-        histograms.append(np.histogram(rows[:, column], bins=bins)[0].astype(np.float64))
-        edges.append(bins)
-    for name, q in QUANTILES.items():
-        target = q * len(rows)
-        values = [_quantile(h, e, target) for h, e in zip(histograms, edges, strict=True)]
-        stats[name] = np.array(values)
+    columns = [_quantiles(rows[:, c], low[c], high[c]) for c in range(rows.shape[1])]
+    for i, name in enumerate(QUANTILES):
+        stats[name] = np.array([values[i] for values in columns])
     return stats
 
 

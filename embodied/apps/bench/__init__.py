@@ -56,6 +56,7 @@ BENCHES: dict[str, tuple[Callable[..., list[Any]], str, dict[str, str], dict[str
                 "rendering only the images it reads vs every step", {
         "envs": "envs per backend", "episodes": "episodes per timed run",
         "ray_workers": "Ray actors (when installed)",
+        "max_steps": "episode step limit (0: the task's own)",
     }, {}),
 }  # fmt: skip
 COMMON_HELP = {

@@ -38,6 +38,7 @@ def bench_rollout(
     episodes: int = 8,
     repeats: int = 3,
     ray_workers: int = 2,
+    max_steps: int = 0,
     progress: Any = None,
 ) -> list[RolloutRow]:
     """Env steps/s of GRPO-style rollouts (the ``configs/bc_diffusion.yaml`` planner, untrained,
@@ -45,7 +46,8 @@ def bench_rollout(
     async one (a process per env), and Ray actors when Ray is installed. Then the demo's camera
     planner (64 px front camera, 4 actions per decision) on a sync vector env rendering only the
     images it reads (``render_state``: the rest are replayed when read), against rendering
-    every step."""
+    every step. ``max_steps`` > 0 cuts episodes at that many steps (the task's own limit
+    otherwise)."""
 
     tasks = ["put the red block on the green plate"]
     config = POLICIES["diffusion"].config_from_dataset(
@@ -56,8 +58,9 @@ def bench_rollout(
         tabletop_features(64), tasks, **POLICY_VARIANTS[2][2], n_action_steps=4
     )
     camera = POLICIES["diffusion"](camera_config).eval()
-    env_kwargs = {"obs_mode": "state"}
-    every = {"obs_mode": "pixels", "image_size": 64}
+    limit = {"max_episode_steps": max_steps} if max_steps > 0 else {}
+    env_kwargs = {"obs_mode": "state", **limit}
+    every = {"obs_mode": "pixels", "image_size": 64, **limit}
     backends: list[tuple[str, int, Any]] = [
         ("sync", envs, lambda: LocalRollouts(task, env_kwargs, policy, envs)),
         ("async", envs, lambda: LocalRollouts(task, env_kwargs, policy, envs, asynchronous=True)),
