@@ -32,12 +32,20 @@ SITE312 := lib/python3.12/site-packages
 .PHONY: install demo test test-suite test-fast test-mujoco-latest test-lerobot lint format bench clean
 
 # $(call venv,DIR,EXTRAS): create DIR with torch first, pinned by a constraints file, then the package.
+# A current pip resolves and unpacks the ~80 packages faster than the one a venv starts with. pip
+# compiles bytecode on one core; compileall does it on every core, this checkout's packages too
+# (an editable install copies nothing to compile), so no process compiles them again at import,
+# which matters where PYTHONDONTWRITEBYTECODE is set. A few files are not valid for this Python
+# (torch's Python 3.12 test helpers): pip skips those as well, hence the `|| true`.
 define venv
 	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
-	$(1)/bin/python -c "import torch" 2>/dev/null || $(1)/bin/python -m pip install "$(TORCH)"
+	$(1)/bin/python -m pip install -q --no-compile --upgrade pip
+	$(1)/bin/python -c "import torch" 2>/dev/null || $(1)/bin/python -m pip install --no-compile "$(TORCH)"
 	# Keep the torch just installed: a dependency asking for torch must not pull another build.
 	$(1)/bin/python -c "import torch; print('torch==' + torch.__version__)" > $(1)/constraints.txt
-	$(1)/bin/python -m pip install -c $(1)/constraints.txt -e ".[$(2)]"
+	$(1)/bin/python -m pip install --no-compile -c $(1)/constraints.txt -e ".[$(2)]"
+	$(1)/bin/python -m compileall -qq -j 0 embodied sims policies rewards datasets \
+		$$($(1)/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))") || true
 	touch $(1)/.installed
 endef
 
