@@ -42,7 +42,7 @@ SEED = int(os.environ.get("EMBODIED_FAULT_SEED", "0"))
 # plus room for a commit and a slow, shared machine).
 COMMITTED_AFTER_S = COMMIT_INTERVAL_S + 2.0
 
-# Reach at 16 px: 100 episodes take 3-4 s on a 2-core machine (the full sweep runs longer
+# Reach at 16 px: 100 episodes take about 7 s on 2 AVX2-only cores (the full sweep runs longer
 # collections); some episodes are cut off, some stored rewound too.
 EPISODES = int(os.environ.get("EMBODIED_FAULT_EPISODES", "100"))
 OPTIONS = ["--task", "Reach", "--episodes", str(EPISODES), "--seed", "3", "--cutoff", "0.3"]
