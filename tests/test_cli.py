@@ -159,6 +159,12 @@ def test_bench_names_a_bad_device(capsys, target: str, device: str, message: str
     assert message in capsys.readouterr().err
 
 
+def test_bench_rollout_names_a_negative_step_limit(capsys) -> None:
+    assert main(["bench", "rollout", "--max-steps", "-3"]) == 2
+    message = "max_steps = -3: expected >= 0 (0: the task's own limit)"
+    assert capsys.readouterr().err == f"embodied bench rollout: error: {message}\n"
+
+
 def test_cuda_on_a_machine_without_it_is_a_clear_error(capsys) -> None:
     import torch
 

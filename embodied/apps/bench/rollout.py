@@ -49,6 +49,8 @@ def bench_rollout(
     every step. ``max_steps`` > 0 cuts episodes at that many steps (the task's own limit
     otherwise)."""
 
+    if max_steps < 0:
+        raise ValueError(f"max_steps = {max_steps}: expected >= 0 (0: the task's own limit)")
     tasks = ["put the red block on the green plate"]
     config = POLICIES["diffusion"].config_from_dataset(
         tabletop_features(64, env_state=True), tasks, **POLICY_VARIANTS[1][2], n_action_steps=4
