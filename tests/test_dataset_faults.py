@@ -223,7 +223,7 @@ def test_ctrl_c_keeps_every_finished_episode_in_one_line(
             os.killpg(process.pid, signal.SIGINT)
         out, err = process.communicate(timeout=120)
         err = err.decode()
-        assert "Traceback" not in err and "Warn" not in err
+        assert "Traceback" not in err and "Warn" not in err, err
         due, done = episodes_due(reference, log, interrupted_at - 0.5)
         if process.returncode in (0, -signal.SIGINT) and done == EPISODES:
             # It had finished: nothing to interrupt. The console script ignores a Ctrl-C once

@@ -302,6 +302,22 @@ def test_a_new_dataset_takes_over_what_a_killed_writer_left(tmp_path: Path) -> N
 # ---------------------------------------------------------------------------------------------
 
 
+def test_appending_to_a_dataset_without_episodes_keeps_this_runs_video_settings(
+    tmp_path: Path,
+) -> None:
+    """A run stopped before its first episode leaves a dataset with no video feature; the run
+    appending to it encodes as it asks (lossless: bit-exact frames), not with lossy defaults."""
+    root = tmp_path / "data"
+    LeRobotDatasetWriter(root, lossless=True).close()  # committed, no episodes
+    traj = make_trajectory(0)
+    with LeRobotDatasetWriter.open(root, lossless=True) as writer:
+        writer.add_episode(traj)
+    assert trajectories_equal(LeRobotDataset(root).episode(0), traj)
+    features = json.loads((root / "meta" / "info.json").read_text())["features"]
+    videos = [f["info"] for f in features.values() if f["dtype"] == "video"]
+    assert videos and all(info["video.lossless"] for info in videos)
+
+
 def test_appends_with_other_settings_are_refused(tmp_path: Path) -> None:
     root = tmp_path / "data"
     write(root, [make_trajectory(0)], lossless=True)

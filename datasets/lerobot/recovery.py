@@ -31,7 +31,7 @@ from embodied.datasets.lerobot.layout import (
 from embodied.datasets.lerobot.lock import DatasetLock
 from embodied.datasets.lerobot.metadata import _load_metadata, _Metadata, _stats_count
 from embodied.datasets.lerobot.stats import _stats_from_row, _StatsTotals
-from embodied.datasets.lerobot.videos import LOSSY_CRF, _video_info
+from embodied.datasets.lerobot.videos import CODEC, LOSSY_CRF, PIX_FMT, _video_info
 
 
 @dataclass
@@ -109,9 +109,11 @@ def _reopen(
     if video_file_size_mb is not None:
         info["video_files_size_in_mb"] = video_file_size_mb
     video_keys = _video_keys(features)
-    video_info = _video_info(info["fps"], "libx264", LOSSY_CRF, False, "yuv420p")
-    if video_keys:  # encode like the existing videos
+    if video_keys:  # encode like the existing videos (LeRobot's info may leave settings out)
+        video_info = _video_info(info["fps"], CODEC, LOSSY_CRF, False, "yuv420p")
         video_info.update(features[video_keys[0]].get("info", {}))
+    else:  # no video yet (a run stopped before its first episode): as a new dataset's, this run's
+        video_info = _video_info(info["fps"], CODEC, LOSSY_CRF, bool(lossless), PIX_FMT)
     # Tasks beyond total_tasks were added by an interrupted commit: no episode uses them.
     committed_tasks = meta.tasks[: info["total_tasks"]]
     frame_spec = None

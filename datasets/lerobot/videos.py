@@ -22,6 +22,7 @@ LOSSY_CRF = 20
 # yuv420p plays everywhere but halves colour resolution: on 64x64 renders the conversion alone
 # caps PSNR near 29 dB. yuv444p (H.264 High 4:4:4) keeps it; crf 20 gives about 37 dB there.
 LOSSY_PIX_FMTS = ("yuv420p", "yuv444p")
+CODEC, PIX_FMT = "libx264", "yuv444p"  # a new dataset's lossy videos (the writer's defaults)
 LOSSLESS_ENCODER = "libx264rgb"  # H.264 in RGB with qp 0: bit-exact, and any H.264 decoder reads it
 # Pixel formats with chroma subsampled in both directions: frames must have even sizes. Frames are
 # encoded at their exact size (never padded), so readers, LeRobot's included, get what was written.

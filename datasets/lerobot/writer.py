@@ -58,7 +58,13 @@ from embodied.datasets.lerobot.stats import (
     _stats_row,
     _StatsTotals,
 )
-from embodied.datasets.lerobot.videos import LOSSY_CRF, _video_info, _VideoEncoder
+from embodied.datasets.lerobot.videos import (
+    CODEC,
+    LOSSY_CRF,
+    PIX_FMT,
+    _video_info,
+    _VideoEncoder,
+)
 
 
 @dataclass
@@ -106,10 +112,10 @@ class LeRobotDatasetWriter:
         root: str | os.PathLike[str],
         fps: int = 16,
         robot_type: str = "embodied-gantry",
-        video_codec: str = "libx264",
+        video_codec: str = CODEC,
         crf: int = LOSSY_CRF,
         lossless: bool = False,
-        pix_fmt: str = "yuv444p",
+        pix_fmt: str = PIX_FMT,
         data_file_size_mb: float = DATA_FILE_SIZE_MB,
         video_file_size_mb: float = VIDEO_FILE_SIZE_MB,
         names: Mapping[str, Sequence[str]] | None = None,
