@@ -86,6 +86,71 @@ def test_two_workers_collect_the_dataset_one_worker_collects(tmp_path) -> None:
     assert stats[0] == stats[1]
 
 
+def test_an_interrupted_run_returns_with_no_worker_or_pool_thread_left(tmp_path, monkeypatch):
+    """Ctrl-C after the first episode: the run commits what was finished and returns once the
+    workers and the pool's threads are gone. A pool still closing as Python exits races its exit
+    hook ("Exception ignored ... Bad file descriptor" under the one-line interrupt message)."""
+    import multiprocessing
+    import threading
+
+    from embodied.apps import collect_workers
+    from embodied.apps.collect import CollectConfig, CollectInterrupted, run_collect
+    from embodied.datasets import LeRobotDataset
+
+    handed_back = collect_workers.EpisodeRunner.__iter__
+
+    def interrupted(self):
+        yield next(handed_back(self))
+        raise KeyboardInterrupt  # while the workers run the next episodes
+
+    monkeypatch.setattr(collect_workers.EpisodeRunner, "__iter__", interrupted)
+    cfg = CollectConfig(task="Reach", episodes=12, workers=2, image_size=32, rewind=0.0,
+                        out=str(tmp_path / "data"))  # fmt: skip
+    with pytest.raises(CollectInterrupted) as stop:
+        run_collect(cfg)
+    assert multiprocessing.active_children() == []
+    main = threading.main_thread()  # Python's exit waits for the others that are not daemons
+    assert [t.name for t in threading.enumerate() if not t.daemon and t is not main] == []
+    assert 1 <= stop.value.kept == LeRobotDataset(tmp_path / "data").num_episodes < 12
+
+
+@pytest.mark.usefixtures("ctrl_c_handled")
+@pytest.mark.parametrize("moment", ["summary", "return"])
+def test_ctrl_c_after_the_last_commit_leaves_the_run_complete(
+    tmp_path, monkeypatch, capsys, moment
+):
+    """A Ctrl-C once every episode is committed, while the summary is printed or as the command
+    returns, does not turn the complete run into an "interrupted" one (exit 130)."""
+    import contextlib
+    import signal
+
+    from embodied.apps import cli, collect
+
+    summary = collect.CollectSummary(3, 2, 60, 1.5, 0, tmp_path / "data")
+    monkeypatch.setattr(collect, "run_collect", lambda cfg: summary)
+    if moment == "summary":
+        line = collect.CollectSummary.line
+
+        def ctrl_c_in_line(self):
+            signal.raise_signal(signal.SIGINT)
+            return line(self)
+
+        monkeypatch.setattr(collect.CollectSummary, "line", ctrl_c_in_line)
+    else:  # once the command has returned and Ctrl-C's usual handler is back
+        handled = cli._ctrl_c_outside_finalisers
+
+        @contextlib.contextmanager
+        def then_ctrl_c():
+            with handled():
+                yield
+            signal.raise_signal(signal.SIGINT)
+
+        monkeypatch.setattr(cli, "_ctrl_c_outside_finalisers", then_ctrl_c)
+    assert cli.main(["collect", "--task", "Reach", "--out", str(tmp_path / "data")]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("collected 3 episodes (2 successful, 67%)") and err == ""
+
+
 CRASHING_TASK = """
 import multiprocessing, os
 

@@ -57,7 +57,13 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     except CollectInterrupted as stop:  # Ctrl-C: the finished episodes were committed
         print(f"embodied collect: {stop.line()}", file=sys.stderr)
         return 130
-    print(summary.line())
+    # Every episode is committed: a Ctrl-C now would only cut the summary, and turn a complete
+    # run into an "interrupted" one. (signal.signal directly: a Python call could raise first.)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        print(summary.line())
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return 0
 
 
@@ -359,7 +365,8 @@ def _gather_overrides(parser: argparse.ArgumentParser, args: Any, extra: list[st
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``embodied`` console script. An expected failure is one line,
     ``embodied <command>: error: <what>``, and exit status 2; ``--debug`` (or
-    ``EMBODIED_DEBUG=1``) shows the traceback; Ctrl-C exits 130 and a closed pipe quietly.
+    ``EMBODIED_DEBUG=1``) shows the traceback; Ctrl-C exits 130 (once the command has returned,
+    it is ignored: its work is done) and a closed pipe quietly.
     Warnings are one line too (``embodied <command>: warning: <what>``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("EMBODIED_DEBUG") == "1"
@@ -373,15 +380,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = [args.command.replace("-", " ")]  # eval-reward is typed `eval reward`
     words += [getattr(args, k) for k in ("algorithm", "target") if getattr(args, k, None)]
     command = " ".join(words)
+    code = None
     try:
         with warnings.catch_warnings(), _ctrl_c_outside_finalisers():  # both undone at the end
             if not debug:
                 warnings.showwarning = _one_line_warnings(command)
-            return args.func(args)
+            code = args.func(args)
+        return code
     except BrokenPipeError:  # `embodied dataset info | head`: the reader left, nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except KeyboardInterrupt:
+        if code is not None:  # once the command had returned, as the settings were put back
+            return code
         if debug:
             raise
         print(f"embodied {command}: interrupted", file=sys.stderr)

@@ -222,7 +222,7 @@ def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
     finally:
         bar.close()
         if runner is not None:
-            runner.close(terminate=not finished)  # workers stuck in an episode are not waited for
+            runner.close(terminate=not finished)  # interrupted: the episodes not begun are dropped
     return CollectSummary(
         cfg.episodes, successes, frames, time.perf_counter() - start, rewound, run.out
     )

@@ -22,6 +22,7 @@ import numpy as np
 
 import embodied.sims as sims
 from embodied.datasets import EpisodeSettings, PreparedEpisode, prepare_episode
+from embodied.datasets.lerobot.lock import defer_interrupts
 from embodied.rewards.rewind import rewind, rewind_split
 from embodied.rollout.episodes import ExpertActor, RandomActor, rollout_vector
 
@@ -110,6 +111,8 @@ class EpisodeRunner:
             elif any(result.done() for result in self._results):
                 break  # episodes are coming back, or a worker died: iterating says which
             elif time.monotonic() > deadline:
+                for process in list(self._pool._processes.values()):  # stuck: not waited for
+                    process.terminate()
                 self.close(terminate=True)
                 raise RuntimeError(f"a collection worker did not build its {recipe.task} env "
                                    f"within {STARTUP_TIMEOUT_S} s")  # fmt: skip
@@ -140,12 +143,18 @@ class EpisodeRunner:
         return [future.result() for future in done]
 
     def close(self, terminate: bool = False) -> None:
-        """Stop the workers (``terminate``: drop the episodes not started, and do not wait for
-        the running ones)."""
+        """Stop the workers and return once they and the pool's threads are gone
+        (``terminate``: drop the episodes not started; the running ones end first).
+
+        Returning before that would leave the pool's manager thread closing its pipes while
+        Python exits, which races Python's own exit hook for the pool: "Exception ignored ...
+        OSError: Bad file descriptor" after a Ctrl-C. Python's exit waits for the running
+        episodes anyway, so waiting here costs nothing; a Ctrl-C during it comes after."""
         if self._pool is None:
             close_worker()
-        else:
-            self._pool.shutdown(wait=not terminate, cancel_futures=terminate)
+            return
+        with defer_interrupts():
+            self._pool.shutdown(wait=True, cancel_futures=terminate)
 
 
 def cut_off(traj: Any, fraction: float) -> Any:
