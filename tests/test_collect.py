@@ -86,8 +86,12 @@ def test_two_workers_collect_the_dataset_one_worker_collects(tmp_path) -> None:
     assert stats[0] == stats[1]
 
 
-def test_an_interrupted_run_returns_with_no_worker_or_pool_thread_left(tmp_path, monkeypatch):
-    """Ctrl-C after the first episode: the run commits what was finished and returns once the
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_keeps_every_finished_episode_and_leaves_nothing_running(
+    tmp_path, monkeypatch, workers
+):
+    """Ctrl-C as the second episode comes back, before it reaches the writer: it is written all
+    the same, once, with the first and whatever else had finished, and the run returns once the
     workers and the pool's threads are gone. A pool still closing as Python exits races its exit
     hook ("Exception ignored ... Bad file descriptor" under the one-line interrupt message)."""
     import multiprocessing
@@ -100,18 +104,24 @@ def test_an_interrupted_run_returns_with_no_worker_or_pool_thread_left(tmp_path,
     handed_back = collect_workers.EpisodeRunner.__iter__
 
     def interrupted(self):
-        yield next(handed_back(self))
-        raise KeyboardInterrupt  # while the workers run the next episodes
+        episodes = handed_back(self)
+        yield next(episodes)
+        next(episodes)
+        raise KeyboardInterrupt  # with the second in hand, while the workers run the next ones
 
     monkeypatch.setattr(collect_workers.EpisodeRunner, "__iter__", interrupted)
-    cfg = CollectConfig(task="Reach", episodes=12, workers=2, image_size=32, rewind=0.0,
-                        out=str(tmp_path / "data"))  # fmt: skip
+    cfg = CollectConfig(task="Reach", episodes=12, workers=workers, image_size=32, rewind=0.0,
+                        seed=5, out=str(tmp_path / "data"))  # fmt: skip
     with pytest.raises(CollectInterrupted) as stop:
         run_collect(cfg)
     assert multiprocessing.active_children() == []
     main = threading.main_thread()  # Python's exit waits for the others that are not daemons
     assert [t.name for t in threading.enumerate() if not t.daemon and t is not main] == []
-    assert 1 <= stop.value.kept == LeRobotDataset(tmp_path / "data").num_episodes < 12
+    dataset = LeRobotDataset(tmp_path / "data")
+    seeds = [dataset.episode(i).seed for i in range(dataset.num_episodes)]
+    assert seeds[:2] == [5, 6] and len(set(seeds)) == len(seeds) == stop.value.kept < 12
+    if workers == 1:
+        assert seeds == [5, 6]
 
 
 @pytest.mark.usefixtures("ctrl_c_handled")

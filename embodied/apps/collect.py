@@ -198,24 +198,26 @@ def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
         jobs = [(index, seed, cut_at.get(seed)) for index, seed in enumerate(seeds)]
         with defer_interrupts():
             runner = EpisodeRunner(recipe, jobs, cfg.workers)
-        successes = frames = rewound = 0
+        successes = frames = rewound = added = 0  # added: jobs whose episodes are written
         start = time.perf_counter()
 
         def add(episodes: list[PreparedEpisode]) -> None:
-            nonlocal successes, frames, rewound
-            for episode in episodes:  # the episode, then its rewound copy when there is one
-                writer.add_episode(episode)
-                frames += episode.traj.length + 1
-            successes += episodes[0].traj.success
-            rewound += len(episodes) - 1
+            nonlocal successes, frames, rewound, added
+            with defer_interrupts():  # a job is written and counted, or neither
+                for episode in episodes:  # the episode, then its rewound copy when there is one
+                    writer.add_episode(episode)
+                    frames += episode.traj.length + 1
+                successes += episodes[0].traj.success
+                rewound += len(episodes) - 1
+                added += 1
             bar.update(1)
 
         with writer:
             try:
                 for episodes in runner:
                     add(episodes)
-            except KeyboardInterrupt:
-                for episodes in runner.finished():  # finished, though after one still running
+            except KeyboardInterrupt:  # the finished jobs not written yet, the one in hand too
+                for episodes in runner.finished(added):
                     add(episodes)
                 raise
         finished = True

@@ -93,6 +93,7 @@ class EpisodeRunner:
 
     def __init__(self, recipe: EpisodeRecipe, jobs: list[tuple], workers: int) -> None:
         self.jobs, self._next = jobs, 0
+        self._last: list[PreparedEpisode] = []  # the job handed back last, in-process
         self._pool: Any = None
         workers = min(workers, max(len(jobs), 1))  # no process without an episode to run
         if workers == 1:
@@ -131,14 +132,16 @@ class EpisodeRunner:
                         f"a collection worker died (killed or crashed) before the episode from "
                         f"seed {seed} came back; the episodes before it are in the dataset"
                     ) from None
-            self._next += 1
+            self._next, self._last = self._next + 1, episodes
             yield episodes
 
-    def finished(self) -> list[list[PreparedEpisode]]:
-        """After an interrupt: the jobs not handed back yet whose episodes are ready anyway."""
+    def finished(self, start: int) -> list[list[PreparedEpisode]]:
+        """After an interrupt: the jobs from index ``start`` on (those the caller has not
+        written: one handed back as the interrupt came, and any not handed back yet) whose
+        episodes are ready, in job order. Iteration ends."""
         if self._pool is None:
-            return []
-        left, self._next = self._results[self._next :], len(self.jobs)
+            return [self._last] if start == self._next - 1 else []
+        left, self._next = self._results[start:], len(self.jobs)
         done = [f for f in left if f.done() and not f.cancelled() and f.exception() is None]
         return [future.result() for future in done]
 
