@@ -37,6 +37,7 @@ from embodied.sims.vector import (  # noqa: E402
     grouped_seeds,
     make_vec_env,
     render_envs,
+    start_forkserver_without_sigint,
     task_module,
 )
 
@@ -57,6 +58,7 @@ __all__ = [
     "make_vec_env",
     "register_task",
     "render_envs",
+    "start_forkserver_without_sigint",
     "suite_of",
     "skips_unread_images",
     "supports_render_state",

@@ -6,10 +6,13 @@ import functools
 import importlib
 import multiprocessing
 import os
+import signal
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.vector.async_vector_env import AsyncState
 
 from embodied.sims.registry import get_task, make, suite_of
 
@@ -44,6 +47,14 @@ class _AsyncVectorEnv(gym.vector.AsyncVectorEnv):
         # Checked before any worker is sent a step, so the vector env stays usable.
         _check_action_count(actions, self.num_envs)
         super().step_async(actions)
+
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
+        """Closing with a call still pending (Ctrl-C between sending a step, reset or render
+        and reading every answer) terminates the workers: Gymnasium would wait for all the
+        answers, some of which may have been read already, and hang."""
+        if self._state != AsyncState.DEFAULT:
+            self._state, terminate = AsyncState.DEFAULT, True
+        super().close_extras(timeout, terminate)
 
 
 def render_envs(vec: gym.vector.VectorEnv, envs: Sequence[int]) -> dict[int, Any]:
@@ -123,5 +134,35 @@ def make_vec_env(
             # fork server starts clean (it is Python 3.14's default on Linux). Pass context="fork"
             # to opt back in when the parent never renders.
             context = "forkserver"
+        if context == "forkserver":
+            start_forkserver_without_sigint()
         return _AsyncVectorEnv(fns, context=context, autoreset_mode=mode)
     return _SyncVectorEnv(fns, autoreset_mode=mode)
+
+
+def start_forkserver_without_sigint(preload: Sequence[str] = ()) -> None:
+    """Start multiprocessing's fork server (which forks the workers) and resource tracker
+    ignoring SIGINT, so the workers ignore it too; ``preload``: modules the server imports once
+    for all its workers.
+
+    Ctrl-C in a terminal signals the whole process group: each worker would die mid-step with a
+    KeyboardInterrupt traceback (Gymnasium's async workers send theirs back as errors) while
+    the main process handles the interrupt and closes them. Workers take the server's handlers.
+    Helpers running already are left as they are.
+    """
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    if (
+        "forkserver" not in multiprocessing.get_all_start_methods()
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        return
+    if preload:
+        multiprocessing.set_forkserver_preload(list(preload))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        multiprocessing.resource_tracker.ensure_running()
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)

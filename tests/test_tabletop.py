@@ -388,6 +388,61 @@ def test_async_vector_env_renders_in_workers():
         parent.close()
 
 
+IGNORES_CTRL_C = """
+import os, signal
+import numpy as np
+import embodied.sims as sims
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's, not a background job's
+vec = sims.make_vec_env("Reach", 2, asynchronous=True, obs_mode="state")
+vec.reset(seed=[0, 1])
+for worker in vec.processes:  # what Ctrl-C sends the whole process group
+    os.kill(worker.pid, signal.SIGINT)
+vec.step(np.zeros((2, 4), dtype=np.float32))
+print("stepped")
+vec.close()
+"""
+
+
+def test_async_vector_env_workers_leave_ctrl_c_to_the_main_process():
+    """Ctrl-C in a terminal signals every process of the group: the workers ignore it and keep
+    stepping, so the main process alone handles it (and closes them) instead of each worker
+    dying with a KeyboardInterrupt traceback that ``embodied eval`` printed as warnings."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MUJOCO_GL": "egl"}
+    run = subprocess.run([sys.executable, "-c", IGNORES_CTRL_C], capture_output=True, text=True,
+                         timeout=300, env=env)  # fmt: skip
+    assert run.returncode == 0 and run.stdout.split() == ["stepped"], run.stderr
+
+
+HALF_READ_CALL = """
+import embodied.sims as sims
+
+vec = sims.make_vec_env("Reach", 2, asynchronous=True, obs_mode="state")
+vec.reset(seed=[0, 1])
+vec.call_async("render")
+vec.parent_pipes[0].recv()  # as a Ctrl-C inside call_wait, between the two workers' answers
+vec.close()
+print("closed")
+"""
+
+
+def test_async_vector_env_closes_with_a_call_half_answered():
+    """An interrupt can leave a call with some workers' answers read: closing then terminates
+    the workers (Gymnasium waited for every answer, forever)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MUJOCO_GL": "egl"}
+    run = subprocess.run([sys.executable, "-c", HALF_READ_CALL], capture_output=True, text=True,
+                         timeout=60, env=env)  # fmt: skip
+    assert run.returncode == 0 and run.stdout.split() == ["closed"], run.stderr
+
+
 @pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
 def test_vector_env_autoreset_modes(mode):
     vec = sims.make_vec_env("Reach", 1, autoreset_mode=mode, obs_mode="state")

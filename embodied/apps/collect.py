@@ -17,8 +17,6 @@ lossless video and the observations (image size, cameras, state) must match.
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -181,7 +179,9 @@ def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
         # the first env imports it, fails with an ImportError instead of a KeyboardInterrupt.
         with defer_interrupts():
             if cfg.workers > 1:
-                _start_helpers_without_sigint()
+                # Workers ignore Ctrl-C; the fork server imports their module once (a fresh
+                # worker spent ~5 s importing torch, the simulators and the dataset writer).
+                sims.start_forkserver_without_sigint([EpisodeRunner.__module__])
             probe = sims.make(cfg.task, **env_kwargs)  # its spaces and names; never stepped
         try:
             run.writer = writer = open_episode_writer(
@@ -228,33 +228,3 @@ def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
     return CollectSummary(
         cfg.episodes, successes, frames, time.perf_counter() - start, rewound, run.out
     )
-
-
-def _start_helpers_without_sigint() -> None:
-    """Start multiprocessing's fork server (which forks the workers) and resource tracker
-    ignoring SIGINT.
-
-    Ctrl-C in a terminal signals the whole process group: workers would die mid-step with
-    KeyboardInterrupt tracebacks while the main process commits what was finished and closes
-    them, and a helper still importing its modules would print one. Workers forked by a server
-    started this way ignore SIGINT (they take its handlers). Helpers running already are left
-    as they are.
-    """
-    import multiprocessing
-    import multiprocessing.forkserver
-    import multiprocessing.resource_tracker
-
-    if (
-        "forkserver" not in multiprocessing.get_all_start_methods()
-        or threading.current_thread() is not threading.main_thread()
-    ):
-        return
-    # The server imports the workers' module once and forks them from it: a fresh worker spent
-    # ~5 s importing torch, the simulators and the dataset writer, at every collection.
-    multiprocessing.set_forkserver_preload([EpisodeRunner.__module__])
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        multiprocessing.resource_tracker.ensure_running()
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, previous)
