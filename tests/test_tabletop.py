@@ -388,6 +388,19 @@ def test_async_vector_env_renders_in_workers():
         parent.close()
 
 
+def _run_alone(script: str, timeout: float) -> str:
+    """Run ``script`` in a fresh Python (its own fork server); its stdout, once it exits 0."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MUJOCO_GL": "egl"}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=timeout, env=env)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
 IGNORES_CTRL_C = """
 import os, signal
 import numpy as np
@@ -408,14 +421,7 @@ def test_async_vector_env_workers_leave_ctrl_c_to_the_main_process():
     """Ctrl-C in a terminal signals every process of the group: the workers ignore it and keep
     stepping, so the main process alone handles it (and closes them) instead of each worker
     dying with a KeyboardInterrupt traceback that ``embodied eval`` printed as warnings."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "MUJOCO_GL": "egl"}
-    run = subprocess.run([sys.executable, "-c", IGNORES_CTRL_C], capture_output=True, text=True,
-                         timeout=300, env=env)  # fmt: skip
-    assert run.returncode == 0 and run.stdout.split() == ["stepped"], run.stderr
+    assert _run_alone(IGNORES_CTRL_C, timeout=300).split() == ["stepped"]
 
 
 HALF_READ_CALL = """
@@ -433,14 +439,7 @@ print("closed")
 def test_async_vector_env_closes_with_a_call_half_answered():
     """An interrupt can leave a call with some workers' answers read: closing then terminates
     the workers (Gymnasium waited for every answer, forever)."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "MUJOCO_GL": "egl"}
-    run = subprocess.run([sys.executable, "-c", HALF_READ_CALL], capture_output=True, text=True,
-                         timeout=60, env=env)  # fmt: skip
-    assert run.returncode == 0 and run.stdout.split() == ["closed"], run.stderr
+    assert _run_alone(HALF_READ_CALL, timeout=60).split() == ["closed"]
 
 
 @pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])

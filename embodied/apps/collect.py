@@ -178,10 +178,6 @@ def _collect(cfg: CollectConfig, run: _Run) -> CollectSummary:
         # Ctrl-C waits until the env is built: MuJoCo's extension module, interrupted while
         # the first env imports it, fails with an ImportError instead of a KeyboardInterrupt.
         with defer_interrupts():
-            if cfg.workers > 1:
-                # Workers ignore Ctrl-C; the fork server imports their module once (a fresh
-                # worker spent ~5 s importing torch, the simulators and the dataset writer).
-                sims.start_forkserver_without_sigint([EpisodeRunner.__module__])
             probe = sims.make(cfg.task, **env_kwargs)  # its spaces and names; never stepped
         try:
             run.writer = writer = open_episode_writer(

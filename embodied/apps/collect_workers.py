@@ -100,7 +100,10 @@ class EpisodeRunner:
             start_worker(recipe)
             return
         methods = multiprocessing.get_all_start_methods()
-        # A fork server starts workers clean (no GL state inherited; see sims.make_vec_env).
+        # A fork server starts workers clean (no GL state inherited; see sims.make_vec_env),
+        # ignoring Ctrl-C, and imports this module once for all of them (a fresh worker spent
+        # ~5 s importing torch, the simulators and the dataset writer).
+        sims.start_forkserver_without_sigint([__name__])
         context = multiprocessing.get_context("forkserver" if "forkserver" in methods else None)
         ready = context.Semaphore(0)
         self._pool = ProcessPoolExecutor(workers, context, start_worker, (recipe, ready))
