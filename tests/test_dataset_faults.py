@@ -42,9 +42,10 @@ SEED = int(os.environ.get("EMBODIED_FAULT_SEED", "0"))
 # plus room for a commit and a slow, shared machine).
 COMMITTED_AFTER_S = COMMIT_INTERVAL_S + 2.0
 
-# Reach at 16 px: 100 episodes take about 7 s on 2 AVX2-only cores (the full sweep runs longer
-# collections); some episodes are cut off, some stored rewound too.
-EPISODES = int(os.environ.get("EMBODIED_FAULT_EPISODES", "100"))
+# Reach at 16 px: 200 episodes run ~8 s on 2 AVX-512 cores (100 took ~7 s on AVX2-only ones), long
+# enough for each chain's late kill to come when some episodes must have been committed (100 ended
+# first there); the full sweep runs longer. Some episodes are cut off, some stored rewound too.
+EPISODES = int(os.environ.get("EMBODIED_FAULT_EPISODES", "200"))
 OPTIONS = ["--task", "Reach", "--episodes", str(EPISODES), "--seed", "3", "--cutoff", "0.3"]
 OPTIONS += ["--rewind", "0.2", "image_size=16", "lossless=true"]  # lossless: bit-exact reads
 
@@ -85,6 +86,15 @@ def finished(log: Path) -> list[tuple[float, int]]:
     """(time, seed) of each rollout the logged run finished, in order."""
     lines = [line.split() for line in log.read_text().splitlines()]
     return [(float(t), int(seed)) for t, seed in lines if seed != "started"]
+
+
+def first_finished(log: Path, process: subprocess.Popen) -> float:
+    """When the logged run finished its first episode (waiting for it)."""
+    deadline = time.monotonic() + 60
+    while not finished(log):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    return finished(log)[0][0]
 
 
 def wait_started(log: Path, process: subprocess.Popen) -> None:
@@ -146,18 +156,26 @@ def test_sigkill_keeps_every_episode_finished_before(
     last_moment = ROLLOUT_S[0] + 2.5  # start-up takes about 2 s
     for chain in range((KILLS + CHAIN - 1) // CHAIN):
         root = tmp_path / f"chain{chain}"
-        chain_kills = 0
-        while chain_kills < min(CHAIN, KILLS - CHAIN * chain):  # a new dataset, then that one
+        chain_kills, chain_length = 0, min(CHAIN, KILLS - CHAIN * chain)
+        while chain_kills < chain_length:  # a new dataset, then that one
             before = LeRobotDataset(root).num_episodes if (root / "meta/info.json").exists() else 0
             launched = time.time()
             process = start(log, root)
-            time.sleep(rng.uniform(0.3, last_moment))  # while starting up or collecting
+            if chain_kills == chain_length - 1:  # late: some episodes must have been committed
+                late = first_finished(log, process) + COMMITTED_AFTER_S + rng.uniform(0.2, 1.0)
+                time.sleep(max(0.0, late - time.time()))
+            else:  # while starting up or collecting
+                time.sleep(rng.uniform(0.3, last_moment))
             killed_at = time.time()
             with contextlib.suppress(ProcessLookupError):  # it may have exited already
                 os.killpg(process.pid, signal.SIGKILL)
             if process.wait() == 0:  # it had finished: that was no kill, try again
                 check_kept(root, before, reference, len(reference))
                 completed += 1
+                assert completed <= KILLS, (
+                    f"{completed} collections finished before their kill: {EPISODES} episodes are "
+                    "too few on this machine; raise EMBODIED_FAULT_EPISODES"
+                )
                 continue
             process.communicate()
             kills += 1
@@ -188,6 +206,7 @@ def test_sigkill_keeps_every_episode_finished_before(
         assert process.returncode == 0, err.decode()
         assert validate_dataset(root) == []
         check_kept(root, before, reference, len(reference))
+    assert due_total > 0  # the late kills came when some episodes had to be committed
     print(
         f"{kills} kills ({completed} more runs finished before their kill came): {due_total} "
         f"episodes finished more than {COMMITTED_AFTER_S:.0f} s before a kill, all kept; "
@@ -214,9 +233,7 @@ def test_ctrl_c_keeps_every_finished_episode_in_one_line(
             wait_started(log, process)
             time.sleep(rng.uniform(0.0, 2.0))
         else:  # while collecting
-            deadline = time.monotonic() + 60
-            while not finished(log) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            first_finished(log, process)
             time.sleep(rng.uniform(0.0, 4.0))
         interrupted_at = time.time()
         with contextlib.suppress(ProcessLookupError):
