@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -88,21 +89,24 @@ def finished(log: Path) -> list[tuple[float, int]]:
     return [(float(t), int(seed)) for t, seed in lines if seed != "started"]
 
 
+def wait_until(ready: Callable[[], bool], process: subprocess.Popen, what: str) -> None:
+    """Poll ``ready`` until it holds; fail if the run exits or 60 s pass first."""
+    deadline = time.monotonic() + 60
+    while not ready():
+        assert process.poll() is None, f"the run exited (rc {process.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within 60 s"
+        time.sleep(0.01)
+
+
 def first_finished(log: Path, process: subprocess.Popen) -> float:
     """When the logged run finished its first episode (waiting for it)."""
-    deadline = time.monotonic() + 60
-    while not finished(log):
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: bool(finished(log)), process, "a first finished episode")
     return finished(log)[0][0]
 
 
 def wait_started(log: Path, process: subprocess.Popen) -> None:
     """Until the runner has imported everything (Ctrl-C before that is Python's own)."""
-    deadline = time.monotonic() + 60
-    while "started" not in log.read_text():
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: "started" in log.read_text(), process, "the runner started")
 
 
 ROLLOUT_S: list[float] = []  # how long the reference run took (in-process, no start-up)
