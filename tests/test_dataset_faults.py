@@ -94,7 +94,7 @@ def wait_until(ready: Callable[[], bool], process: subprocess.Popen, what: str) 
     deadline = time.monotonic() + 60
     while not ready():
         assert process.poll() is None, f"the run exited (rc {process.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"no {what} within 60 s"
+        assert time.monotonic() < deadline, f"60 s passed without {what}"
         time.sleep(0.01)
 
 
@@ -106,7 +106,7 @@ def first_finished(log: Path, process: subprocess.Popen) -> float:
 
 def wait_started(log: Path, process: subprocess.Popen) -> None:
     """Until the runner has imported everything (Ctrl-C before that is Python's own)."""
-    wait_until(lambda: "started" in log.read_text(), process, "the runner started")
+    wait_until(lambda: "started" in log.read_text(), process, "the runner's 'started' line")
 
 
 ROLLOUT_S: list[float] = []  # how long the reference run took (in-process, no start-up)
