@@ -112,7 +112,9 @@ class CameraRenderer:
         mujoco.mjr_render(self._rect, self._scene, self._context)
         image = np.empty((self.height, self.width, 3), dtype=np.uint8)
         mujoco.mjr_readPixels(image, None, self._rect, self._context)
-        return np.flipud(image)
+        # OpenGL's rows run bottom-up; a copy, not a negative-stride view (torch.from_numpy and
+        # LeRobot's observation preprocessing refuse those).
+        return np.ascontiguousarray(image[::-1])
 
     def _update_scene(self, data: mujoco.MjData) -> None:
         """The scene of ``data`` from the camera; a full scene (geoms left out) grows and is made

@@ -26,10 +26,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from processes import wait_until
 
 from embodied.core.trajectory import Trajectory, trajectories_equal
 from embodied.datasets import LeRobotDataset, validate_dataset
@@ -87,15 +87,6 @@ def finished(log: Path) -> list[tuple[float, int]]:
     """(time, seed) of each rollout the logged run finished, in order."""
     lines = [line.split() for line in log.read_text().splitlines()]
     return [(float(t), int(seed)) for t, seed in lines if seed != "started"]
-
-
-def wait_until(ready: Callable[[], bool], process: subprocess.Popen, what: str) -> None:
-    """Poll ``ready`` until it holds; fail if the run exits or 60 s pass first."""
-    deadline = time.monotonic() + 60
-    while not ready():
-        assert process.poll() is None, f"the run exited (rc {process.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"60 s passed without {what}"
-        time.sleep(0.01)
 
 
 def first_finished(log: Path, process: subprocess.Popen) -> float:

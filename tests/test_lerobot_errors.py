@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import wait_until
 from test_lerobot import make_trajectory, without_pixels, write
 
 from embodied.core.trajectory import trajectories_equal
@@ -154,12 +155,8 @@ def kill_writer_after(root: Path, first: int, new_data_files: int, delay: float)
     target = data_files() + new_data_files
     script = KILLED_WRITER.format(tests=str(Path(__file__).parent), root=str(root), first=first)
     process = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
     try:
-        while data_files() < target:
-            assert process.poll() is None, process.stderr.read().decode()
-            assert time.monotonic() < deadline, "the writer made no progress"
-            time.sleep(0.005)
+        wait_until(lambda: data_files() >= target, process, f"{new_data_files} new data files")
         time.sleep(delay)
     finally:
         process.send_signal(signal.SIGKILL)

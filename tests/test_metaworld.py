@@ -294,11 +294,12 @@ def test_collect_records_the_named_metaworld_cameras(tmp_path: Path) -> None:
         run_collect(CollectConfig(out=str(tmp_path / "bad"), cameras=["front"], **common))
 
 
-def test_the_mt10_camera_recipe_trains_and_acts_from_the_corner_camera_alone(
+def test_the_mt10_camera_recipe_trains_and_acts_from_its_two_cameras_alone(
     tmp_path: Path,
 ) -> None:
-    """configs/bc_pixels_mt10.yaml on a two-task Meta-World dataset: one policy that reads the
-    corner camera, agent_pos and the instruction, and acts in the stateless env eval builds."""
+    """configs/bc_pixels_mt10.yaml on a two-task Meta-World dataset that also holds a wrist
+    camera: one policy that reads the corner and topview cameras, agent_pos and the instruction,
+    and acts in the stateless env eval builds, which renders those two cameras only."""
     import torch
 
     from embodied.apps.collect import CollectConfig, run_collect
@@ -310,7 +311,7 @@ def test_the_mt10_camera_recipe_trains_and_acts_from_the_corner_camera_alone(
 
     data = tmp_path / "data"
     for task in ("reach-v3", "drawer-close-v3"):
-        cameras = ["corner", "gripperPOV"]
+        cameras = ["corner", "topview", "gripperPOV"]
         run_collect(CollectConfig(task="metaworld/" + task, episodes=1, out=str(data),
                                   image_size=24, cameras=cameras))  # fmt: skip
     recipe = Path(__file__).parents[1] / "configs" / "bc_pixels_mt10.yaml"
@@ -319,11 +320,12 @@ def test_the_mt10_camera_recipe_trains_and_acts_from_the_corner_camera_alone(
     policy_dir = train_bc(cfg).path / "policy"
     policy = Policy.from_pretrained(policy_dir)
     spec = policy.observation_spec
-    assert dict(spec.cameras) == {"observation.images.corner": (24, 24)} and not spec.privileged
+    views = {"observation.images.corner": (24, 24), "observation.images.topview": (24, 24)}
+    assert dict(spec.cameras) == views and not spec.privileged
     assert env_options(spec) == {
         "obs_mode": "pixels",
         "image_size": (24, 24),
-        "cameras": ["corner"],
+        "cameras": ["corner", "topview"],
     }
     assert len(policy.config.vocab) > 2  # both instructions' words, for the FiLM
     env = sims.make("metaworld/drawer-close-v3", **env_options(spec))  # what eval builds
@@ -331,10 +333,12 @@ def test_the_mt10_camera_recipe_trains_and_acts_from_the_corner_camera_alone(
         policy_check(policy, "metaworld/drawer-close-v3")(env)  # eval's check before rollouts
         obs, _ = env.reset(seed=100_000)
         assert set(obs) == {"pixels", "agent_pos"}  # no environment_state to leak
-        frame = torch.from_numpy(obs["pixels"]["corner"])[None, None]  # named, not the default
-        state = torch.from_numpy(obs["agent_pos"])[None, None]
+        assert set(obs["pixels"]) == {"corner", "topview"}  # named, not the default
+        batch = {f"observation.images.{k}": torch.from_numpy(v)[None, None]
+                 for k, v in obs["pixels"].items()}  # fmt: skip
+        batch["observation.state"] = torch.from_numpy(obs["agent_pos"])[None, None]
         out = policy.act(
-            {"observation.images.corner": frame, "observation.state": state},
+            batch,
             [env.unwrapped.instruction],
             deterministic=True,
         )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+
+import pytest
 
 SCRIPT = """
 import weakref
@@ -93,7 +96,6 @@ def test_a_camera_policy_rollout_renders_only_the_images_its_policy_reads() -> N
     step; the skipped images are black and listed, the reward model's frames (any camera) come
     back replayed pixel for pixel, and a window over a black image is refused."""
     import numpy as np
-    import pytest
 
     from embodied.core.reward import camera_frames
     from embodied.rollout.episodes import decision_windows
@@ -171,8 +173,6 @@ def test_renderers_share_one_context_and_draw_what_mujoco_renderer_draws() -> No
 
 
 def test_an_unknown_camera_is_named() -> None:
-    import pytest
-
     import embodied.sims as sims
 
     env = sims.make("Reach", image_size=16)
@@ -205,5 +205,42 @@ def test_a_scene_that_fills_grows_and_drops_no_geom() -> None:
         with mujoco.Renderer(base.model, 32, 32) as reference:
             reference.update_scene(base.data, base.cameras[0])
             np.testing.assert_array_equal(image, reference.render())
+    finally:
+        env.close()
+
+
+ROTATED_AND_UPRIGHT = {"cameras": ["corner", "topview", "gripperPOV"]}
+
+
+@pytest.mark.parametrize(
+    ("task", "kwargs"),
+    [
+        ("Reach", {}),
+        pytest.param(
+            "metaworld/reach-v3",
+            ROTATED_AND_UPRIGHT,
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("metaworld") is None, reason="Meta-World is not installed"
+            ),
+        ),
+    ],
+)
+def test_observation_images_are_contiguous_arrays_torch_takes_as_they_are(
+    task: str, kwargs: dict
+) -> None:
+    """Every camera's image (Meta-World's upright and rotated cameras too) and ``render()`` are
+    C-contiguous arrays: ``torch.from_numpy`` refuses a flipped (negative-stride) view."""
+    import torch
+
+    import embodied.sims as sims
+
+    env = sims.make(task, obs_mode="pixels", image_size=16, **kwargs)
+    try:
+        pixels = env.reset(seed=0)[0]["pixels"]
+        images = dict(pixels) if isinstance(pixels, dict) else {"pixels": pixels}
+        images["render()"] = env.render()
+        for name, image in images.items():
+            assert image.flags["C_CONTIGUOUS"], f"{task} {name}: strides {image.strides}"
+            assert torch.from_numpy(image).shape == image.shape
     finally:
         env.close()
