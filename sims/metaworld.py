@@ -386,10 +386,8 @@ class MetaWorldEnv(gym.Env):
     def _render(self, camera: str, data: Any = None) -> np.ndarray:
         """One upright ``uint8 [H, W, 3]`` image of ``camera`` (of ``data``, default the state the
         current observation shows)."""
-        image = self._renderer.render(self._view if data is None else data, camera)
-        if camera in UPSIDE_DOWN_CAMERAS:
-            image = np.ascontiguousarray(image[::-1, ::-1])
-        return image
+        state = self._view if data is None else data
+        return self._renderer.render(state, camera, rotate_180=camera in UPSIDE_DOWN_CAMERAS)
 
     def _observation(self, render: bool = True) -> dict[str, Any]:
         raw = self._raw

@@ -95,8 +95,11 @@ class CameraRenderer:
         self._finalizer.atexit = False  # _close_open frees it, before EGL's teardown
         _OPEN.add(self)
 
-    def render(self, data: mujoco.MjData, camera: str | int) -> np.ndarray:
-        """Return an ``uint8 [H, W, 3]`` image of ``camera`` for the current state of ``data``."""
+    def render(
+        self, data: mujoco.MjData, camera: str | int, rotate_180: bool = False
+    ) -> np.ndarray:
+        """Return an ``uint8 [H, W, 3]`` image of ``camera`` for the current state of ``data``;
+        ``rotate_180`` turns it upside down (for a camera whose up axis points at the floor)."""
         shared_context()
         if self._context is None:
             self._open()
@@ -112,9 +115,10 @@ class CameraRenderer:
         mujoco.mjr_render(self._rect, self._scene, self._context)
         image = np.empty((self.height, self.width, 3), dtype=np.uint8)
         mujoco.mjr_readPixels(image, None, self._rect, self._context)
-        # OpenGL's rows run bottom-up; a copy, not a negative-stride view (torch.from_numpy and
-        # LeRobot's observation preprocessing refuse those).
-        return np.ascontiguousarray(image[::-1])
+        # OpenGL's rows run bottom-up, so the upright image flips the rows and the rotated one
+        # the columns. One copy, not a negative-stride view (torch.from_numpy and LeRobot's
+        # observation preprocessing refuse those).
+        return np.ascontiguousarray(image[:, ::-1] if rotate_180 else image[::-1])
 
     def _update_scene(self, data: mujoco.MjData) -> None:
         """The scene of ``data`` from the camera; a full scene (geoms left out) grows and is made
