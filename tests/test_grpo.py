@@ -360,8 +360,8 @@ def test_shipped_config_loads_with_the_command_line_overrides() -> None:
     )
     assert task_names(mt10) == [f"metaworld/{t}-v3" for t in
                                 ("reach", "push", "pick-place", "peg-insert-side")]  # fmt: skip
-    assert (mt10.env, mt10.groups, mt10.policy_overrides["init_noise"]) == (
-        {"max_episode_steps": 128}, 16, 0.0)  # fmt: skip
+    assert (mt10.env, mt10.groups, mt10.max_minutes, mt10.policy_overrides["min_std"]) == (
+        {"max_episode_steps": 200}, 16, 45.0, 0.2)  # fmt: skip
     pixels = load_config(GRPOConfig, str(config.with_name("grpo_pickplace_pixels.yaml")),
                          ["policy=p", "reward_model=r"])  # fmt: skip
     assert (pixels.task, pixels.reward, pixels.optim.lr, pixels.eval_episodes) == (
