@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import av
@@ -431,3 +432,32 @@ def test_dagger_into_a_dataset_records_what_it_holds_and_the_policy_reads_its_ca
     finally:
         env.close()
     np.testing.assert_allclose(frames["action"][0], expert, atol=1e-6)  # the expert's label
+
+
+def test_eval_policy_overrides_change_the_saved_config_not_the_weights(tmp_path: Path) -> None:
+    """``policy_overrides`` evaluate a saved policy as GRPO samples it (its overrides, the same
+    weights); a key the config lacks, or overrides for the scripted expert, are refused by name
+    before any run directory."""
+    import torch
+
+    from embodied.evaluation.suite import _actor_factory
+    from embodied.policies import make_policy
+
+    saved = make_policy("mlp", state_dim=4, action_dim=4, init_log_std=-1.0)
+    saved.save_pretrained(tmp_path / "p")
+    cfg = EvalConfig(policy=str(tmp_path / "p"), tasks=["Reach"], episodes=1, videos=0,
+                     sample=True, policy_overrides={"max_log_std": -1.0, "min_log_std": -6.0},
+                     out=str(tmp_path / "r"))  # fmt: skip
+    _, policy = _actor_factory(cfg)
+    assert (policy.config.max_log_std, policy.config.min_log_std) == (-1.0, -6.0)
+    for name, value in saved.state_dict().items():
+        assert torch.equal(policy.state_dict()[name], value), name
+    _, (result,) = run_eval(cfg)
+    assert result.episodes == 1
+    cfg.policy_overrides = {"min_stdd": 0.2}
+    with pytest.raises(ValueError, match=r"policy_overrides names \['min_stdd'\], which the mlp"):
+        run_eval(replace(cfg, out=str(tmp_path / "bad")))
+    with pytest.raises(ValueError, match="policy_overrides apply to a saved policy, not "):
+        run_eval(EvalConfig(tasks=["Reach"], policy_overrides={"min_std": 0.2},
+                            out=str(tmp_path / "bad")))  # fmt: skip
+    assert not (tmp_path / "bad").exists()

@@ -170,6 +170,21 @@ class Policy(nn.Module, abc.ABC):
         return next(self.parameters()).device
 
     # --- save / load ----------------------------------------------------------------------------
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Policy:
+        """This policy rebuilt with ``overrides`` applied to its config and the same weights
+        (e.g. ``min_std`` to sample as GRPO does); a key its config lacks is an error naming it."""
+        if not overrides:
+            return self
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self.config)}
+        if unknown:
+            raise ValueError(
+                f"policy_overrides names {sorted(unknown)}, which the {self.policy_type} "
+                "config does not have"
+            )
+        rebuilt = type(self)(dataclasses.replace(self.config, **overrides))
+        rebuilt.load_state_dict(self.state_dict())
+        return rebuilt
+
     def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (atomically)."""
         config = {"policy_type": self.policy_type, **dataclasses.asdict(self.config)}

@@ -180,6 +180,9 @@ class EvalConfig:
     # policy reaches (DAgger data for `embodied train bc ... init_policy=<this policy>`)
     record_actions: str = setting("executed", choices=RECORDS)
     sample: bool = False  # a saved policy samples as in RL rollouts instead of acting greedily
+    # A saved policy's config changes, weights unchanged: e.g. GRPO's policy_overrides, to
+    # evaluate (or record reward data from) the distribution GRPO samples
+    policy_overrides: dict[str, Any] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)  # env options on top of the policy's
     workers: int = setting(1, low=1)
     image_size: int = setting(128, low=8, high=4096)  # video size for state-only policies
@@ -224,6 +227,8 @@ def suite_tasks(suite: str, tasks: Sequence[str] = ()) -> list[str]:
 def _actor_factory(cfg: EvalConfig) -> tuple[Callable[[Any], Any], Any]:
     """``make_actor(vec)`` for the configured policy, and the loaded policy (None for the
     scripted expert and random actions)."""
+    if cfg.policy_overrides and cfg.policy in ("expert", "random"):
+        raise ValueError(f"policy_overrides apply to a saved policy, not policy={cfg.policy!r}")
     if cfg.policy == "expert":
         return lambda vec: ExpertActor(vec), None
     if cfg.policy == "random":
@@ -233,7 +238,7 @@ def _actor_factory(cfg: EvalConfig) -> tuple[Callable[[Any], Any], Any]:
             f"policy must be 'expert', 'random' or a saved policy directory; {cfg.policy!r} "
             "has no config.json"
         )
-    policy = Policy.from_pretrained(cfg.policy).eval()
+    policy = Policy.from_pretrained(cfg.policy).with_overrides(cfg.policy_overrides).eval()
     return (
         lambda vec: PolicyActor(policy, vec.num_envs, deterministic=not cfg.sample, seed=cfg.seed),
         policy,

@@ -17,7 +17,6 @@ learned before a step depends on how many follow, so a finished run can be exten
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -73,18 +72,7 @@ def resolve_device(device: str) -> torch.device:
 def load_policy(path: str, overrides: dict[str, Any], device: torch.device) -> Any:
     """A saved policy to train on (GRPO, TPO, BC's ``init_policy``), with ``overrides`` applied
     to its config (weights unchanged); an override its config lacks is an error naming it."""
-    policy = Policy.from_pretrained(path)
-    if overrides:
-        unknown = set(overrides) - {f.name for f in dataclasses.fields(policy.config)}
-        if unknown:
-            raise ValueError(
-                f"policy_overrides names {sorted(unknown)}, which the {policy.policy_type} "
-                "config does not have"
-            )
-        config = dataclasses.replace(policy.config, **overrides)
-        rebuilt = type(policy)(config)
-        rebuilt.load_state_dict(policy.state_dict())
-        policy = rebuilt
+    policy = Policy.from_pretrained(path).with_overrides(overrides)
     return policy.to(device)
 
 
