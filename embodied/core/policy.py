@@ -183,7 +183,7 @@ class Policy(nn.Module, abc.ABC):
             )
         rebuilt = type(self)(dataclasses.replace(self.config, **overrides))
         rebuilt.load_state_dict(self.state_dict())
-        return rebuilt
+        return rebuilt.to(self.device)
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (atomically)."""

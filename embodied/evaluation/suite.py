@@ -191,11 +191,15 @@ class EvalConfig:
     name: str = "eval"
 
     def check(self) -> None:
-        """Videos of episodes that run, seeds that stay in range."""
+        """Videos of episodes that run, seeds that stay in range, overrides for a saved policy."""
         if self.videos > self.episodes:
             raise ValueError(f"videos = {self.videos}: expected at most episodes = {self.episodes}")
         if self.seed + self.episodes - 1 > SEED_MAX:
             raise ValueError(f"seed = {self.seed}: seed + episodes - 1 must be <= {SEED_MAX}")
+        if self.policy_overrides and self.policy in ("expert", "random"):
+            raise ValueError(
+                f"policy_overrides apply to a saved policy, not policy={self.policy!r}"
+            )
         if self.record_actions == "expert" and not self.record:
             raise ValueError("record_actions = 'expert' labels the episodes --record writes: "
                              "name the dataset with --record")  # fmt: skip
@@ -227,8 +231,6 @@ def suite_tasks(suite: str, tasks: Sequence[str] = ()) -> list[str]:
 def _actor_factory(cfg: EvalConfig) -> tuple[Callable[[Any], Any], Any]:
     """``make_actor(vec)`` for the configured policy, and the loaded policy (None for the
     scripted expert and random actions)."""
-    if cfg.policy_overrides and cfg.policy in ("expert", "random"):
-        raise ValueError(f"policy_overrides apply to a saved policy, not policy={cfg.policy!r}")
     if cfg.policy == "expert":
         return lambda vec: ExpertActor(vec), None
     if cfg.policy == "random":
