@@ -280,6 +280,8 @@ def test_grpo_trains_one_policy_on_several_tasks(saved, tmp_path: Path) -> None:
         rates = [row["eval/Reach/success_rate"], row["eval/Push/success_rate"]]
         assert row["eval/success_rate"] == pytest.approx(np.mean(rates))
     assert "rollout/Reach/success_rate" in last and "rollout/Push/success_rate" in last
+    kept = last["rollout/Reach/groups_kept"] + last["rollout/Push/groups_kept"]
+    assert kept == last["rollout/groups_kept"]
     assert last["rollout/episodes"] == 2 * 3
     start, final = _weights(saved["explorer"]), _weights(run.path / "policy")
     assert any(not torch.equal(start[k], final[k]) for k in start)

@@ -284,6 +284,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 # 1-3. roll out groups from fresh initial states, keep the informative ones
                 kept: list[Any] = []
                 kept_returns: list[np.ndarray] = []
+                kept_tasks: list[str] = []  # the task of each kept group
                 all_trajs: list[Any] = []
                 all_tasks: list[str] = []  # the task of each of all_trajs
                 all_scores: list[ProgressScore] = []  # the model's progress, for the monitor
@@ -313,6 +314,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                         if keep_group(success, returns[part], cfg.keep_low, cfg.keep_high):
                             kept += trajs[part]
                             kept_returns.append(returns[part])
+                            kept_tasks.append(rollouts.task_of(g))
                         else:
                             dropped += 1
                 rollout_time = time.perf_counter() - t0 - score_time
@@ -328,11 +330,12 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                         "time/score": score_time,
                     }
                 )
-                if len(envs) > 1:  # per task: where the policy still fails
+                if len(envs) > 1:  # per task: where the policy still fails, where it learns
                     task_of = np.array(all_tasks)
                     for task in sorted(set(all_tasks)):
                         rate = successes[task_of == task].mean()
                         log[f"rollout/{task}/success_rate"] = float(rate)
+                        log[f"rollout/{task}/groups_kept"] = float(kept_tasks.count(task))
                 errors = sum("error" in t.metadata for t in all_trajs)
                 if errors:
                     log["rollout/env_errors"] = float(errors)
