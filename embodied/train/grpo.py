@@ -94,6 +94,7 @@ class GRPOConfig(OnPolicyConfig):
     holder_p: float = 1.0
     adv_eps: float = setting(1e-6, low=0.0)
     monitor_warn: float = 0.3  # warn when the learned/privileged per-step correlation falls below
+    # it (the mean of the last 5 iterations; see RewardMonitor)
 
     def check(self) -> None:
         """The shared rules, a success head to read where it is weighted, and a keep range that
@@ -231,23 +232,40 @@ def reward_correlation(learned: list[np.ndarray], privileged: list[np.ndarray]) 
     return pearson(x[known], y[known])
 
 
-def monitor_warning(iteration: int, corr: float, first: float | None, warn: float) -> str | None:
-    """What the reward-hacking monitor says of this iteration's correlation ``corr`` (``first``:
-    the first finite one before it, None if none): a reward model that does not track progress
-    on the first rollouts, or one whose correlation fell below ``warn`` (or 0.3 below the first)
-    since; else nothing."""
-    if not np.isfinite(corr):
-        return None
-    said = f"iteration {iteration}: the learned reward's correlation with privileged progress"
-    if first is None:
-        if corr >= warn:
+class RewardMonitor:
+    """The reward-hacking monitor over a run's per-iteration correlations of learned with
+    privileged progress: it says when the model does not track progress on the first rollouts,
+    and when the mean of the last ``window`` iterations falls below ``warn`` (having started
+    above it) or ``drop`` below the first ``window``'s mean. Smoothed, because one iteration's
+    correlation over a few dozen rollouts moves by ~0.1; said once per fall, not every iteration
+    it lasts."""
+
+    def __init__(self, warn: float, window: int = 5, drop: float = 0.3) -> None:
+        self.warn, self.window, self.drop = warn, window, drop
+        self.history: list[float] = []
+        self.falling = False
+
+    def update(self, iteration: int, corr: float) -> str | None:
+        """Record iteration ``iteration``'s correlation; the warning to give now, if any."""
+        if not np.isfinite(corr):
             return None
-        return (f"{said} is {corr:.2f} on the first rollouts (below monitor_warn {warn}); the "
-                "reward model may not fit this policy's episodes")  # fmt: skip
-    if corr < min(warn, first) or corr < first - 0.3:
-        return (f"{said} fell to {corr:.2f} (first {first:.2f}); the policy may be exploiting "
-                "the reward model")  # fmt: skip
-    return None
+        self.history.append(corr)
+        said = f"iteration {iteration}: the learned reward's correlation with privileged progress"
+        if len(self.history) == 1:
+            if corr >= self.warn:
+                return None
+            return (f"{said} is {corr:.2f} on the first rollouts (below monitor_warn {self.warn}); "
+                    "the reward model may not fit this policy's episodes")  # fmt: skip
+        start = float(np.mean(self.history[: self.window]))
+        recent = float(np.mean(self.history[-self.window :]))
+        fell = recent < start - self.drop or (start >= self.warn > recent)
+        said_now = fell and not self.falling
+        self.falling = fell
+        if not said_now:
+            return None
+        last = min(len(self.history), self.window)
+        return (f"{said} fell to {recent:.2f} over the last {last} iterations (first {start:.2f}); "
+                "the policy may be exploiting the reward model")  # fmt: skip
 
 
 def train_grpo(cfg: GRPOConfig) -> RunDir:
@@ -270,7 +288,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     envs = {task: env_kwargs(task, policy, reward_model, cfg.env) for task in task_names(cfg)}
     for task, kwargs in envs.items():
         check_task(policy, task, kwargs, reward_model)
-    first_corr: float | None = None
+    monitor = RewardMonitor(cfg.monitor_warn)
     # The schedule advances once per iteration (warm-up and cosine over iterations).
     with Trainer(cfg, policy, "iterations") as trainer:
         # After the checkpoint: Ray workers copy the weights they are built with.
@@ -349,10 +367,8 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     log["monitor/privileged_final_progress"] = float(
                         np.mean([c[-1] for c in privileged])
                     )
-                    if message := monitor_warning(iteration, corr, first_corr, cfg.monitor_warn):
+                    if message := monitor.update(iteration, corr):
                         warnings.warn(message, stacklevel=2)
-                    if first_corr is None and np.isfinite(corr):
-                        first_corr = corr
 
                 if not kept:  # nothing to learn from: no update, the schedule still advances
                     log["update/skipped"] = 1.0
