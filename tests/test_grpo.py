@@ -388,7 +388,7 @@ def test_the_monitor_tells_a_reward_that_never_tracked_from_one_that_fell() -> N
     ((i, first),) = said([0.28, 0.2, 0.31, 0.22, 0.27, 0.19, 0.25, 0.3])
     assert i == 0 and "is 0.28 on the first rollouts" in first and "fell" not in first
     assert said([0.9, float("nan"), 0.85, 0.92, 0.88]) == []
-    # s69's noise around the threshold: one iteration below it is not a fall
+    # noise around the threshold, as in a real MT10 run: one iteration below it is not a fall
     assert said([0.39, 0.31, 0.33, 0.29, 0.35, 0.36, 0.32, 0.28, 0.34]) == []
     tracked, fallen = [0.9, 0.88, 0.92, 0.9, 0.9], [0.2] * 6
     ((i, fell),) = said(tracked + fallen)

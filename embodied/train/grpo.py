@@ -256,6 +256,7 @@ class RewardMonitor:
                 return None
             return (f"{said} is {corr:.2f} on the first rollouts (below monitor_warn {self.warn}); "
                     "the reward model may not fit this policy's episodes")  # fmt: skip
+        # Until more than `window` iterations are in, both means are the same: no fall yet.
         start = float(np.mean(self.history[: self.window]))
         recent = float(np.mean(self.history[-self.window :]))
         fell = recent < start - self.drop or (start >= self.warn > recent)
@@ -263,9 +264,8 @@ class RewardMonitor:
         self.falling = fell
         if not said_now:
             return None
-        last = min(len(self.history), self.window)
-        return (f"{said} fell to {recent:.2f} over the last {last} iterations (first {start:.2f}); "
-                "the policy may be exploiting the reward model")  # fmt: skip
+        return (f"{said} fell to {recent:.2f} over the last {self.window} iterations (first "
+                f"{start:.2f}); the policy may be exploiting the reward model")  # fmt: skip
 
 
 def train_grpo(cfg: GRPOConfig) -> RunDir:
