@@ -190,6 +190,16 @@ def test_grpo_updates_logs_and_resumes_exactly(saved, tmp_path: Path, agg: str) 
     shutil.copytree(run.path, part)
     shutil.rmtree(part / "checkpoints" / "step-0000002")
     shutil.rmtree(part / "policy")
+
+    # The reward-hacking monitor's state is in the checkpoint; give it a history to go on from.
+    def trainer_state(path: Path) -> dict:
+        return json.loads(path.joinpath("trainer.json").read_text())
+
+    checkpoint = part / "checkpoints" / "step-0000001"
+    state = trainer_state(checkpoint)
+    assert set(state["extra"]["monitor"]) == {"history", "falling"}
+    state["extra"]["monitor"] = {"history": [0.9], "falling": False}
+    checkpoint.joinpath("trainer.json").write_text(json.dumps(state))
     resumed = train_grpo(
         _cfg(saved, tmp_path / "unused", resume=str(part), eval_sampled=True, loss_agg=agg)
     )
@@ -197,6 +207,11 @@ def test_grpo_updates_logs_and_resumes_exactly(saved, tmp_path: Path, agg: str) 
     again = _weights(resumed.path / "policy")
     for key in final:
         torch.testing.assert_close(again[key], final[key], rtol=0, atol=0)
+    # ... and its monitor went on from the checkpoint's history, not afresh
+    steps = [trainer_state(run.path / "checkpoints" / f"step-000000{i}") for i in (1, 2)]
+    full = [s["extra"]["monitor"]["history"] for s in steps]
+    resumed_history = trainer_state(part / "checkpoints" / "step-0000002")["extra"]["monitor"]
+    assert resumed_history["history"] == [0.9] + full[1][len(full[0]) :]
 
 
 @pytest.mark.parametrize("reward", ["learned", "judge", "privileged", "success"])
@@ -394,6 +409,15 @@ def test_the_monitor_tells_a_reward_that_never_tracked_from_one_that_fell() -> N
     ((i, fell),) = said(tracked + fallen)
     assert i == 7 and "fell to 0.48 over the last 5 iterations (first 0.90)" in fell
     assert [i for i, _ in said(tracked + fallen + [0.9] * 6 + fallen)] == [7, 19]
+
+    # A run resumed mid-fall from its checkpoint's monitor state neither forgets its first
+    # iterations nor says the fall again.
+    corrs = tracked + fallen + [0.9] * 6 + fallen
+    before = RewardMonitor(0.3)
+    for i, c in enumerate(corrs[:9]):
+        before.update(i, c)
+    after = RewardMonitor(0.3, state=json.loads(json.dumps(before.state())))
+    assert [i for i, c in enumerate(corrs) if i >= 9 and after.update(i, c)] == [19]
 
 
 def test_rollouts_show_the_reward_model_the_camera_it_was_trained_on(saved) -> None:

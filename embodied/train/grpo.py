@@ -240,10 +240,17 @@ class RewardMonitor:
     correlation over a few dozen rollouts moves by ~0.1; said once per fall, not every iteration
     it lasts."""
 
-    def __init__(self, warn: float, window: int = 5, drop: float = 0.3) -> None:
+    def __init__(
+        self, warn: float, window: int = 5, drop: float = 0.3, state: dict[str, Any] | None = None
+    ) -> None:
         self.warn, self.window, self.drop = warn, window, drop
-        self.history: list[float] = []
-        self.falling = False
+        state = state or {}  # a checkpoint's, so that a resumed run keeps its first iterations
+        self.history: list[float] = [float(c) for c in state.get("history", [])]
+        self.falling = bool(state.get("falling", False))
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the monitor (JSON)."""
+        return {"history": list(self.history), "falling": self.falling}
 
     def update(self, iteration: int, corr: float) -> str | None:
         """Record iteration ``iteration``'s correlation; the warning to give now, if any."""
@@ -288,9 +295,9 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     envs = {task: env_kwargs(task, policy, reward_model, cfg.env) for task in task_names(cfg)}
     for task, kwargs in envs.items():
         check_task(policy, task, kwargs, reward_model)
-    monitor = RewardMonitor(cfg.monitor_warn)
     # The schedule advances once per iteration (warm-up and cosine over iterations).
     with Trainer(cfg, policy, "iterations") as trainer:
+        monitor = RewardMonitor(cfg.monitor_warn, state=trainer.extra.get("monitor"))
         # After the checkpoint: Ray workers copy the weights they are built with.
         rollouts = TaskGroups(cfg, envs, policy, cfg.groups)
         try:
@@ -369,6 +376,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     )
                     if message := monitor.update(iteration, corr):
                         warnings.warn(message, stacklevel=2)
+                    trainer.extra["monitor"] = monitor.state()
 
                 if not kept:  # nothing to learn from: no update, the schedule still advances
                     log["update/skipped"] = 1.0

@@ -137,6 +137,7 @@ class Trainer:
         self.optimizer, self.scheduler = make_optimizer(model.parameters(), cfg.optim, self.total)
         recorded = cfg if recorded is None else recorded
         self.run, extended = open_run(cfg, length, recorded)
+        self.extra: dict[str, Any] = {}  # an engine's own state (JSON), saved in each checkpoint
         self.start = self.restore() if cfg.resume else 0
         if extended:
             if self.start > self.total:
@@ -152,11 +153,11 @@ class Trainer:
 
     def restore(self) -> int:
         """Load the newest readable checkpoint (older ones if the newest is corrupt, with a
-        warning); return its step (0 when there is none)."""
+        warning) and its ``extra``; return its step (0 when there is none)."""
         found = sorted(self.run.checkpoints.glob(f"{CHECKPOINT_PREFIX}*"), reverse=True)
         for path in found:
             try:
-                step, _ = load_checkpoint(path, self.model, self.optimizer, self.scheduler)
+                step, self.extra = load_checkpoint(path, self.model, self.optimizer, self.scheduler)
                 return step
             except (OSError, ValueError, KeyError, json.JSONDecodeError) as error:
                 warnings.warn(f"checkpoint {path} is unreadable ({error}); trying an older one",
@@ -204,10 +205,10 @@ class Trainer:
             self.scheduler.step()
         return float(norm)
 
-    def save(self, step: int, extra: dict[str, Any] | None = None) -> Path:
-        """A checkpoint of the model, optimiser, schedule and RNG states at ``step``."""
+    def save(self, step: int) -> Path:
+        """A checkpoint of the model, optimiser, schedule, RNG states and ``extra`` at ``step``."""
         return save_checkpoint(
-            self.run.checkpoints, step, self.model, self.optimizer, self.scheduler, extra
+            self.run.checkpoints, step, self.model, self.optimizer, self.scheduler, self.extra
         )
 
     def last_checkpoint(self) -> Path | None:
