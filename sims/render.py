@@ -1,9 +1,11 @@
 """Offscreen MuJoCo rendering for every simulator wrapper: fast CPU defaults, one lazy GL context
-per process that every renderer shares."""
+per process that every renderer shares, and one MuJoCo render context per model asset set that
+every renderer of an identical model shares."""
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import threading
 import weakref
@@ -30,6 +32,8 @@ def set_render_quality(model: mujoco.MjModel, fast: bool = True) -> None:
 
 _OPEN: weakref.WeakSet[CameraRenderer] = weakref.WeakSet()  # renderers holding GL resources
 _CONTEXTS: dict[tuple[int, int], mujoco.GLContext] = {}  # (process, thread) -> its shared context
+# (process, thread, asset digest) -> [MuJoCo render context, renderers using it]
+_ASSETS: dict[tuple[int, int, bytes], list] = {}
 _exit_hook: list[bool] = []  # [True] once ``_close_open`` is registered to run at exit
 MIN_GEOM = 1_000  # a scene's first capacity (it doubles when a frame fills it)
 
@@ -38,6 +42,8 @@ def _close_open() -> None:
     """Release every open renderer's GL resources, then the shared contexts (at exit)."""
     for renderer in list(_OPEN):
         renderer.close()
+    for key in [k for k in _ASSETS if k[0] == os.getpid()]:  # none once every renderer closed
+        _ASSETS.pop(key)[0].free()
     for key in [k for k in _CONTEXTS if k[0] == os.getpid()]:
         _CONTEXTS.pop(key).free()
 
@@ -84,14 +90,21 @@ class CameraRenderer:
         self._option = mujoco.MjvOption()
 
     def _open(self) -> None:
-        """MuJoCo's render context for this model in the shared GL context, and a scene."""
+        """A scene, and MuJoCo's render context for this model's assets in the shared GL context
+        (made by the first renderer of such a model in this process and thread)."""
         # mujoco.Renderer's 10,000 geoms take ~25-100 ms to allocate; a scene that fills grows
         self._scene = mujoco.MjvScene(self.model, maxgeom=max(MIN_GEOM, 2 * self.model.ngeom))
         self._camera = mujoco.MjvCamera()
         self._camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
         self._rect = mujoco.MjrRect(0, 0, self.width, self.height)
-        self._context = mujoco.MjrContext(self.model, mujoco.mjtFontScale.mjFONTSCALE_150)
-        self._finalizer = weakref.finalize(self, _free, self._context, os.getpid())
+        key = (os.getpid(), threading.get_ident(), asset_digest(self.model))
+        shared = _ASSETS.get(key)
+        if shared is None:
+            context = mujoco.MjrContext(self.model, mujoco.mjtFontScale.mjFONTSCALE_150)
+            shared = _ASSETS[key] = [context, 0]
+        shared[1] += 1
+        self._context = shared[0]
+        self._finalizer = weakref.finalize(self, _release, key)
         self._finalizer.atexit = False  # _close_open frees it, before EGL's teardown
         _OPEN.add(self)
 
@@ -140,8 +153,40 @@ class CameraRenderer:
         self._context, self._finalizer = None, None
 
 
-def _free(context: mujoco.MjrContext, pid: int) -> None:
-    """Free a renderer's MuJoCo context in the shared GL context of the process that made it."""
-    if os.getpid() == pid:
+def _release(key: tuple[int, int, bytes]) -> None:
+    """A renderer is done with the MuJoCo context under ``key``: the last one frees it, in the
+    shared GL context of the process that made it."""
+    shared = _ASSETS.get(key)
+    if shared is None or os.getpid() != key[0]:
+        return
+    shared[1] -= 1
+    if shared[1] == 0:
+        del _ASSETS[key]
         shared_context()
-        context.free()
+        shared[0].free()
+
+
+# What MuJoCo's render context copies from a model: textures, material texture maps, meshes,
+# height fields, skins and flexes (their buffers), and the visual settings and statistics that
+# size its framebuffers, shadows, fog and built-in shapes.
+_ASSET_PREFIXES = ("tex_", "mat_tex", "mesh_", "hfield_", "skin_", "flex_")
+_VISUAL = ("global_", "quality", "headlight", "map", "scale", "rgba")
+
+
+def asset_digest(model: mujoco.MjModel) -> bytes:
+    """A digest of what a MuJoCo render context takes from ``model``: renderers of models that
+    agree on it (the sub-envs of a vector env) draw with one context. Each context holds the
+    model's meshes, textures and a framebuffer; one per Meta-World env was ~36 MB of a 64 px
+    env's ~44 MB of rendering memory."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(dir(model)):
+        if name.startswith(_ASSET_PREFIXES):
+            value = getattr(model, name)
+            if isinstance(value, np.ndarray):
+                h.update(name.encode())
+                h.update(str(value.shape).encode())
+                h.update(np.ascontiguousarray(value).tobytes())
+    for name in _VISUAL:
+        h.update(repr(getattr(model.vis, name)).encode())
+    h.update(repr(model.stat).encode())
+    return h.digest()

@@ -49,6 +49,19 @@ def test_bench_sim_reports_rates_against_raw_mujoco(capsys: pytest.CaptureFixtur
         assert row["ratio"] == pytest.approx(row["baseline_steps_per_s"] / row["steps_per_s"])
 
 
+def test_bench_memory_reports_further_envs_against_the_first(capsys) -> None:
+    args = ["bench", "memory", "--json", "--tasks", "Reach", "--envs", "3", "--image-size", "16"]
+    assert main([*args, "--repeats", "1"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["task"], row["camera"], row["envs"]) == ("Reach", "16x16 default", 3)
+    # the first env loads the GL libraries and makes the render context the others draw with
+    assert row["first_env_mb"] > row["further_env_mb"] > 0 and row["baseline"] == "the first env"
+    assert row["ratio"] == pytest.approx(row["further_env_mb"] / row["first_env_mb"], abs=1e-3)
+    assert main(["bench", "memory", "--envs", "1"]) == 2
+    message = "envs = 1: need >= 2 (the bench compares further envs with the first)"
+    assert capsys.readouterr().err == f"embodied bench memory: error: {message}\n"
+
+
 # Run in a fresh interpreter: malloc only maps a large block when no free chunk in the heap fits
 # it, and after earlier tests (run with memory kept, as `embodied` runs) the heap may hold one.
 MALLOC_PROBE = """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import subprocess
@@ -146,30 +147,47 @@ def test_a_slice_or_rewind_of_a_skipped_rollout_scores_the_images_it_shows() -> 
 
 def test_renderers_share_one_context_and_draw_what_mujoco_renderer_draws() -> None:
     """Envs in one process draw in one GL context (a fresh one costs ~0.15 s with software
-    OpenGL, a switch ~5 ms a frame), and every frame is MuJoCo's own ``Renderer``'s, pixel for
-    pixel, whichever env drew last."""
+    OpenGL, a switch ~5 ms a frame), envs whose models have the same assets (the tabletop tasks
+    share one scene's) with one MuJoCo render context (its meshes, textures and framebuffer: ~36
+    MB a Meta-World env), and every frame is MuJoCo's own
+    ``Renderer``'s, pixel for pixel, whichever env drew last; the last env closed frees it."""
     import mujoco
     import numpy as np
 
     import embodied.sims as sims
     from embodied.sims import render
 
-    envs = [sims.make(task, image_size=32) for task in ("DrawerOpen", "Reach", "DrawerOpen")]
+    def asset_contexts() -> dict[int, int]:  # this process's render contexts: users of each
+        return {id(c): users for k, (c, users) in render._ASSETS.items() if k[0] == os.getpid()}
+
+    gc.collect()  # earlier tests' envs that nothing holds: closed now, not during this test
+    before = asset_contexts()
+    tasks = ("DrawerOpen", "Reach", "DrawerOpen", "DrawerOpen")
+    # the last one renders with MuJoCo's default quality: other assets, its own context
+    envs = [sims.make(t, image_size=32, fast_render=i < 3) for i, t in enumerate(tasks)]
     try:
         shown = [env.reset(seed=i)[0]["pixels"] for i, env in enumerate(envs)]
         mine = [k for k in render._CONTEXTS if k[0] == os.getpid()]
         assert len(mine) == 1
+        contexts = [id(env.unwrapped._renderer._context) for env in envs]
+        assert contexts[0] == contexts[1] == contexts[2] != contexts[3]
+        added = {c: n - before.get(c, 0) for c, n in asset_contexts().items()}  # earlier tests'
+        assert added[contexts[0]] == 3 and added[contexts[3]] == 1  # envs may hold some too
         for env, image in zip(envs, shown, strict=True):
             base = env.unwrapped
             with mujoco.Renderer(base.model, 32, 32) as reference:
                 reference.update_scene(base.data, base.cameras[0])
                 np.testing.assert_array_equal(image, reference.render())
-            # drawn again after another context was current: the same frame
+            # drawn again after another env drew with the same or another context: the same frame
             np.testing.assert_array_equal(base.render(), image)
         assert not np.array_equal(shown[0], shown[1])  # another task, another scene
+        assert not np.array_equal(shown[0], shown[2])  # the same model, another state
+        envs[0].close()  # the others still draw with it
+        np.testing.assert_array_equal(envs[2].unwrapped.render(), shown[2])
     finally:
         for env in envs:
             env.close()
+    assert asset_contexts() == before
 
 
 def test_an_unknown_camera_is_named() -> None:

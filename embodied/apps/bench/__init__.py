@@ -18,6 +18,7 @@ from typing import Any
 from embodied.apps.bench.collect import bench_collect
 from embodied.apps.bench.common import format_dicts, format_table
 from embodied.apps.bench.dataset import bench_dataset
+from embodied.apps.bench.memory import bench_memory
 from embodied.apps.bench.policy import bench_policy
 from embodied.apps.bench.reward import bench_reward
 from embodied.apps.bench.rollout import bench_rollout
@@ -52,6 +53,11 @@ BENCHES: dict[str, tuple[Callable[..., list[Any]], str, dict[str, str], dict[str
         "batch": "frames (encoders) and windows (BC) per call",
         "steps": "calls per timed run",
     }, {}),
+    "memory": (bench_memory, "memory per env: each further env of a task vs its first", {
+        "tasks": "tasks (default: PickPlace, and Meta-World push when installed)",
+        "envs": "envs per vector env", "image_size": "camera size (px)",
+        "metaworld": "add a Meta-World row when it is installed",
+    }, {}),
     "rollout": (bench_rollout, "GRPO-style rollouts: sync vs async vs Ray; a camera planner "
                 "rendering only the images it reads vs every step", {
         "envs": "envs per backend", "episodes": "episodes per timed run",
@@ -73,6 +79,7 @@ QUICK = {
     "train": {"image_size": 64, "batch_size": 16, "steps": 2},
     "vision": {"batch": 16, "steps": 2, "repeats": 2},
     "rollout": {"episodes": 4, "repeats": 2},
+    "memory": {"envs": 4, "repeats": 2},
 }
 
 

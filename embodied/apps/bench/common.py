@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 import time
 from dataclasses import asdict
@@ -19,6 +20,11 @@ class Row:
     def as_dict(self) -> dict[str, Any]:
         """Plain dict for JSON output."""
         return asdict(self)  # subclasses are dataclasses
+
+
+def metaworld_available() -> bool:
+    """Whether the ``metaworld`` extra is installed (the benches add its rows then)."""
+    return importlib.util.find_spec("metaworld") is not None
 
 
 def median_rate(run: Any, steps: int, repeats: int, device: Any = None) -> float:

@@ -5,7 +5,6 @@ limit), so ``ratio`` is what the env costs on top of the physics."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +12,7 @@ import mujoco
 import numpy as np
 
 import embodied.sims as sims
-from embodied.apps.bench.common import Row, median_rate
+from embodied.apps.bench.common import Row, median_rate, metaworld_available
 
 
 @dataclass
@@ -127,7 +126,7 @@ def bench_sim(
     """Env steps/s of every tabletop task (and Meta-World reach/pick-place when installed)."""
 
     jobs = [("tabletop", t, functools.partial(sims.make, t)) for t in (tasks or sims.list_tasks())]
-    if metaworld and _metaworld_available():
+    if metaworld and metaworld_available():
         for name in ("reach-v3", "pick-place-v3"):
             jobs.append(("metaworld", name, functools.partial(sims.make, f"metaworld/{name}")))
     rows: list[BenchRow] = []
@@ -136,8 +135,3 @@ def bench_sim(
             progress(f"{suite}/{task}")
         rows.extend(bench_env(suite, task, make, resolutions, steps, repeats))
     return rows
-
-
-def _metaworld_available() -> bool:
-
-    return importlib.util.find_spec("metaworld") is not None
