@@ -39,6 +39,7 @@ from embodied.sims.vector import (  # noqa: E402
     render_envs,
     start_forkserver_without_sigint,
     task_module,
+    worker_context,
 )
 
 # isort: split
@@ -65,4 +66,5 @@ __all__ = [
     "task_id",
     "task_module",
     "unregister_task",
+    "worker_context",
 ]

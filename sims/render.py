@@ -1,6 +1,6 @@
 """Offscreen MuJoCo rendering for every simulator wrapper: fast CPU defaults, one lazy GL context
-per process that every renderer shares, and one MuJoCo render context per model asset set that
-every renderer of an identical model shares."""
+per process that every renderer shares, and one MuJoCo render context that the renderers of
+models with the same assets share."""
 
 from __future__ import annotations
 

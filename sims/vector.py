@@ -140,6 +140,15 @@ def make_vec_env(
     return _SyncVectorEnv(fns, autoreset_mode=mode)
 
 
+def worker_context(preload: Sequence[str] = ()) -> Any:
+    """The multiprocessing context for worker processes that render: a fork server started
+    without SIGINT (``start_forkserver_without_sigint``) where the platform has one, so workers
+    start clean (no GL state inherited), else the platform's default."""
+    start_forkserver_without_sigint(preload)
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else None)
+
+
 def start_forkserver_without_sigint(preload: Sequence[str] = ()) -> None:
     """Start multiprocessing's fork server (which forks the workers) and resource tracker
     ignoring SIGINT, so the workers ignore it too; ``preload``: modules the server imports once

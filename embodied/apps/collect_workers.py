@@ -10,7 +10,6 @@ so one worker or several write the same dataset.
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -99,12 +98,10 @@ class EpisodeRunner:
         if workers == 1:
             start_worker(recipe)
             return
-        methods = multiprocessing.get_all_start_methods()
         # A fork server starts workers clean (no GL state inherited; see sims.make_vec_env),
         # ignoring Ctrl-C, and imports this module once for all of them (a fresh worker spent
         # ~5 s importing torch, the simulators and the dataset writer).
-        sims.start_forkserver_without_sigint([__name__])
-        context = multiprocessing.get_context("forkserver" if "forkserver" in methods else None)
+        context = sims.worker_context([__name__])
         ready = context.Semaphore(0)
         self._pool = ProcessPoolExecutor(workers, context, start_worker, (recipe, ready))
         self._results = [self._pool.submit(run_episode, *job) for job in jobs]  # starts them

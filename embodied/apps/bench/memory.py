@@ -4,7 +4,6 @@ textures, framebuffer) that every later env of the task draws with."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import resource
 import statistics
@@ -79,9 +78,7 @@ def bench_memory(
     jobs = [(task, {}) for task in tasks] or [("PickPlace", {})]
     if metaworld and not tasks and metaworld_available():
         jobs.append(METAWORLD)
-    context = multiprocessing.get_context(
-        "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    )
+    context = sims.worker_context()
     rows = []
     for task, extra in jobs:
         options = {"obs_mode": "pixels_state", "image_size": image_size, **extra}
