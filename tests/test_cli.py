@@ -128,7 +128,7 @@ def test_bench_train_compares_kept_memory_with_glibc_default(capsys) -> None:
     glibc = platform.libc_ver()[0] == "glibc"
     settings = ["glibc default", "keep freed memory"] if glibc else ["system malloc"]
     models = ["progress (default)", "diffusion BC"]
-    malloc, update = rows[:-2], rows[-2:]
+    malloc, update, blocks = rows[:-4], rows[-4:-2], rows[-2:]
     assert [(r["model"], r["setting"]) for r in malloc] == [
         (m, a) for m in models for a in settings
     ]
@@ -142,6 +142,11 @@ def test_bench_train_compares_kept_memory_with_glibc_default(capsys) -> None:
     assert update[1]["speedup"] == pytest.approx(
         update[1]["steps_per_s"] / update[0]["steps_per_s"]
     )
+    # ... and recomputing one block of 5 or 2 of each chain's 10 steps against all of them
+    assert [r["setting"] for r in blocks] == ["update_steps=5", "update_steps=2"]
+    for row in blocks:
+        assert row["baseline"] == "all 10 steps"
+        assert row["speedup"] == pytest.approx(row["steps_per_s"] / update[1]["steps_per_s"])
 
 
 def test_bench_vision_reports_encoders_and_pixel_bc_against_their_baselines(capsys) -> None:

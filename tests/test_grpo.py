@@ -24,6 +24,7 @@ from embodied.train.grpo import (
     train_grpo,
 )
 from embodied.train.onpolicy import (
+    Decisions,
     TaskGroups,
     check_ratio,
     check_task,
@@ -111,6 +112,56 @@ def test_ratio_is_one_before_the_first_update(kind: str) -> None:
     loss, _ = grpo_loss(log_prob, data.old_log_prob, data.advantages, data.mask)
     loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.parameters())
+
+
+@pytest.mark.parametrize(("kind", "size"), [("diffusion", 1), ("flow", 1), ("diffusion", 3)])
+def test_step_blocks_recompute_exactly_the_chain_steps_they_keep(kind: str, size: int) -> None:
+    """update_steps: each decision keeps one aligned block of ``size`` of its K recorded steps,
+    every block as likely; the policy recomputes just those, ratio 1 before any update."""
+    torch.manual_seed(0)
+    policy = _policies()[kind].fit_normalizers(STATS).eval()
+    rollouts = LocalRollouts("Reach", {"image_size": 32, "max_episode_steps": 8}, policy, 2)
+    try:
+        trajs = rollout_groups(rollouts, [0], group_size=2, sample_seed=0)
+    finally:
+        rollouts.close()
+    data = collect_decisions(trajs, np.array([1.0, -1.0]), policy.observation_spec)
+    n, k = data.old_log_prob.shape
+    assert k == policy.config.finetune_steps
+    rng = np.random.default_rng(0)
+    cut = data.step_blocks(size, rng)
+    assert cut.old_log_prob.shape == cut.mask.shape == (n, size)
+    assert cut.outputs["chain"].shape[1] == size + 1
+    log_prob = element_log_probs(policy, cut, torch.device("cpu"))
+    assert check_ratio(log_prob, cut, tolerance=1e-4) <= 1e-4
+
+    def starts(part: Decisions) -> list[int]:  # where each decision's kept block begins
+        pairs = zip(data.old_log_prob, part.old_log_prob, strict=True)
+        return [next(j for j in range(0, k, size) if torch.equal(row[j : j + size], kept))
+                for row, kept in pairs]  # fmt: skip
+
+    assert len(starts(cut)) == n
+    torch.testing.assert_close(log_prob.detach(), cut.old_log_prob, atol=1e-4, rtol=0)
+    # every aligned block is drawn about equally often over many minibatches
+    draws = np.concatenate([starts(data.step_blocks(size, rng)) for _ in range(100)])
+    counts = np.bincount(draws // size, minlength=k // size)
+    assert counts.sum() == 100 * n and counts.min() > 100 * n / (k // size) * 0.7, counts
+
+
+def test_step_blocks_are_refused_for_policies_without_a_chain_they_tile() -> None:
+    from embodied.train.onpolicy import check_step_blocks
+
+    policies = _policies()
+    check_step_blocks(policies["mlp"], 0)  # off: any policy
+    check_step_blocks(policies["diffusion"], 3)
+    with pytest.raises(ValueError, match="update_steps = 2 recomputes blocks of denoising steps; "
+                       "the mlp policy samples no chain"):  # fmt: skip
+        check_step_blocks(policies["mlp"], 2)
+    with pytest.raises(ValueError, match="the vla policy samples no chain"):
+        check_step_blocks(policies["vla"], 1)
+    with pytest.raises(ValueError, match="update_steps = 2 must divide the policy's "
+                       "finetune_steps = 3"):  # fmt: skip
+        check_step_blocks(policies["diffusion"], 2)
 
 
 def test_drifted_recomputation_stops_with_a_message() -> None:
@@ -302,7 +353,29 @@ def test_grpo_trains_one_policy_on_several_tasks(saved, tmp_path: Path) -> None:
     assert any(not torch.equal(start[k], final[k]) for k in start)
 
 
+def test_grpo_trains_a_planner_recomputing_one_block_of_its_chain(saved, tmp_path: Path) -> None:
+    """update_steps=1 on a planner of 3 fine-tuned steps: every minibatch recomputes one step
+    per decision, the ratio is 1 before the first update, and the planner is updated."""
+    torch.manual_seed(0)
+    _policies()["diffusion"].fit_normalizers(STATS).save_pretrained(tmp_path / "planner")
+    ProgressRewardModel(  # an untrained model: returns that differ within a group
+        ProgressConfig(image_size=32, vocab=TASK_WORDS, vision_channels=[4, 8], num_keypoints=4,
+                       d_model=16, n_heads=2, n_layers=1, ff_dim=32, num_bins=8)
+    ).save_pretrained(tmp_path / "reward")  # fmt: skip
+    cfg = _cfg(saved, tmp_path, policy=str(tmp_path / "planner"), iterations=1, eval_episodes=0,
+               reward_model=str(tmp_path / "reward"), update_steps=1,
+               env={"max_episode_steps": 8})  # fmt: skip
+    run = train_grpo(cfg)
+    rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    (row,) = [r for r in rows if "rollout/success_rate" in r]
+    assert row["update/first_ratio_error"] < 1e-4
+    start, final = _weights(tmp_path / "planner"), _weights(run.path / "policy")
+    assert any(not torch.equal(start[k], final[k]) for k in start)
+
+
 def test_grpo_refuses_bad_settings(saved, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="the mlp policy samples no chain"):
+        train_grpo(_cfg(saved, tmp_path, update_steps=2))
     with pytest.raises(ValueError, match="config key 'loss_agg' = 'sum': expected one of"):
         train_grpo(_cfg(saved, tmp_path, loss_agg="sum"))
     with pytest.raises(ValueError, match="reward=learned needs reward_model"):

@@ -20,8 +20,10 @@ bottom:
 
        A_i = (R_i - mean_group(R)) / (std_group(R) + eps)
 
-5. ``epochs`` passes of minibatches of decisions; with ``rho = exp(logp - logp_old)`` per
-   element and the asymmetric clip of SimpleVLA-RL::
+5. ``epochs`` passes of minibatches of decisions (with ``update_steps`` a denoising chain's
+   decision recomputes one random block of that many of its steps, each step equally likely:
+   DanceGRPO's timestep selection, cheaper in proportion); with ``rho = exp(logp - logp_old)``
+   per element and the asymmetric clip of SimpleVLA-RL::
 
        L_clip = -min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A)
        k3     = exp(logp_ref - logp) - (logp_ref - logp) - 1       (KL to the frozen start)
@@ -60,6 +62,7 @@ from embodied.train.onpolicy import (
     OnPolicyConfig,
     TaskGroups,
     check_ratio,
+    check_step_blocks,
     check_task,
     collect_decisions,
     element_log_probs,
@@ -87,6 +90,8 @@ class GRPOConfig(OnPolicyConfig):
     keep_high: float = setting(0.9, low=0.0, high=1.0)  # success rate is in [low, high]
     max_refills: int = setting(2, low=0)  # extra rounds of new initial states for dropped groups
     minibatch_size: int = setting(64, low=1)  # decisions per minibatch
+    update_steps: int = setting(0, low=0)  # denoising steps of each decision a minibatch
+    # recomputes, one random block of them (0: all K); the update's cost scales with it
     clip_low: float = setting(0.2, low=0.0)
     clip_high: float = setting(0.28, low=0.0)
     kl_coef: float = setting(0.0, low=0.0)
@@ -281,6 +286,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     device = begin(cfg, exact_float32=True)
     policy = load_policy(cfg.policy, cfg.policy_overrides, device)
     policy.eval()  # no dropout: sampling and recomputation must see the same network
+    check_step_blocks(policy, cfg.update_steps)
     reference = copy.deepcopy(policy).requires_grad_(False) if cfg.kl_coef > 0 else None
     reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
     returns_of = TrajectoryScore(
@@ -406,6 +412,8 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     order = rng.permutation(len(data))
                     for s in range(0, len(order), cfg.minibatch_size):
                         batch = data.take(order[s : s + cfg.minibatch_size])
+                        if cfg.update_steps:
+                            batch = batch.step_blocks(cfg.update_steps, rng)
                         log_prob = element_log_probs(policy, batch, device)
                         if first:
                             log["update/first_ratio_error"] = check_ratio(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -232,6 +232,29 @@ class Decisions:
             self.trajectory[i],
         )
 
+    def step_blocks(self, size: int, rng: np.random.Generator) -> Decisions:
+        """These decisions with each recorded denoising chain cut to one block of ``size``
+        consecutive steps of its K, the block drawn uniformly from the K / size that tile the chain
+        (DanceGRPO's timestep selection): a policy recomputes only those steps, and each step's
+        expected weight in a token-mean loss is the whole chain's."""
+        n, k = self.old_log_prob.shape
+        if "chain" not in self.outputs or k % size:
+            raise ValueError(
+                f"update_steps = {size} needs recorded denoising chains whose K steps it divides "
+                f"(got K = {k}, outputs {sorted(self.outputs)})"
+            )
+        first = torch.as_tensor(rng.integers(0, k // size, n) * size)[:, None]
+        rows = torch.arange(n)[:, None]
+        steps = first + torch.arange(size)  # [N, size]
+        states = first + torch.arange(size + 1)  # the chain's states before and after them
+        outputs = {key: v[rows, steps] if v.shape[1:2] == (k,) else v
+                   for key, v in self.outputs.items()}  # fmt: skip
+        outputs["chain"] = self.outputs["chain"][rows, states]
+        return replace(
+            self, outputs=outputs, old_log_prob=self.old_log_prob[rows, steps],
+            mask=self.mask[rows, steps],
+        )  # fmt: skip
+
 
 def trajectory_totals(
     per_decision: torch.Tensor, trajectory: torch.Tensor, size: int
@@ -277,6 +300,24 @@ def element_log_probs(policy: Any, batch: Decisions, device: torch.device) -> to
     obs = {k: v.to(device) for k, v in batch.obs.items()}
     outputs = {k: v.to(device) for k, v in batch.outputs.items()}
     return policy.log_prob(obs, batch.instructions, outputs).reshape(len(batch), -1)
+
+
+def check_step_blocks(policy: Policy, size: int) -> None:
+    """Refuse ``update_steps = size`` before any rollout unless ``policy`` samples a denoising
+    chain of K recorded steps that ``size`` divides."""
+    if not size:
+        return
+    k = getattr(policy.config, "finetune_steps", None) if hasattr(policy, "time_key") else None
+    if k is None:
+        raise ValueError(
+            f"update_steps = {size} recomputes blocks of denoising steps; the "
+            f"{policy.policy_type} policy samples no chain (set update_steps=0)"
+        )
+    if k % size:
+        raise ValueError(
+            f"update_steps = {size} must divide the policy's finetune_steps = {k} (the recorded "
+            "steps it tiles into blocks)"
+        )
 
 
 def check_ratio(log_prob: torch.Tensor, batch: Decisions, tolerance: float) -> float:

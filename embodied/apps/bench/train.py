@@ -1,5 +1,6 @@
 """``embodied bench train``: training steps/s, glibc's default malloc against kept memory; and a
-GRPO update of the diffusion planner with the toolkit's Mish against torch's ``nn.Mish``."""
+GRPO update of the diffusion planner with the toolkit's Mish against torch's ``nn.Mish``, and
+recomputing one block of each denoising chain (``update_steps``) against all of it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from embodied.core.nn import Mish
 from embodied.policies import DiffusionPolicy
 from embodied.rewards import ProgressConfig, ProgressRewardModel
 from embodied.train.loop import resolve_device, to_device
+from embodied.train.onpolicy import Decisions, element_log_probs
 
 
 @dataclass
@@ -123,15 +125,31 @@ def grpo_update_rows(
     def update(policy: DiffusionPolicy) -> Any:
         return training_steps(policy, lambda: policy.log_prob(obs, text, recorded).mean(), lr=1e-5)
 
+    def blocks(size: int) -> Any:  # GRPO's update_steps: one random block of each chain
+        old = recorded["log_probs"]
+        owner = torch.zeros(decisions, dtype=torch.long)
+        data = Decisions(obs, text, recorded, old, torch.ones_like(old), old.sum(-1),
+                         torch.zeros(decisions), owner)  # fmt: skip
+        rng = np.random.default_rng(0)
+        return training_steps(
+            ours, lambda: element_log_probs(ours, data.step_blocks(size, rng), where).mean(), 1e-5
+        )
+
     if progress is not None:
         progress(f"train GRPO update of {decisions} decisions, torch's Mish and the toolkit's")
-    rates = paired_rates({"torch": update(theirs), "ours": update(ours)}, steps, repeats, where)
+    runs = {"torch": update(theirs), "ours": update(ours), 5: blocks(5), 2: blocks(2)}
+    rates = paired_rates(runs, steps, repeats, where)
     label = f"diffusion GRPO update ({decisions} decisions x 10 steps)"
     baseline = "nn.Mish (torch)"
+    blocks_label = f"diffusion GRPO update ({decisions} decisions, update_steps of 10)"
     return [
         TrainRow(label, decisions, baseline, rates["torch"], baseline, 1.0),
         TrainRow(label, decisions, "Mish (embodied.core.nn)", rates["ours"], baseline,
                  rates["ours"] / rates["torch"]),
+    ] + [
+        TrainRow(blocks_label, decisions, f"update_steps={size}", rates[size], "all 10 steps",
+                 rates[size] / rates["ours"])
+        for size in (5, 2)
     ]  # fmt: skip
 
 
