@@ -127,7 +127,7 @@ def test_step_blocks_recompute_exactly_the_chain_steps_they_keep(kind: str, size
         rollouts.close()
     data = collect_decisions(trajs, np.array([1.0, -1.0]), policy.observation_spec)
     n, k = data.old_log_prob.shape
-    assert k == policy.config.finetune_steps
+    assert k == policy.chain_steps == policy.config.finetune_steps
     rng = np.random.default_rng(0)
     cut = data.step_blocks(size, rng)
     assert cut.old_log_prob.shape == cut.mask.shape == (n, size)

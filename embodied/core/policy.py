@@ -150,6 +150,13 @@ class Policy(nn.Module, abc.ABC):
         predicted chunk for a planner, the observation history for a one-step policy."""
         return self.observation_spec.n_obs_steps
 
+    @property
+    def chain_steps(self) -> int | None:
+        """K when ``log_prob`` scores a recorded denoising chain (``policy_outputs['chain']``,
+        K Gaussian steps, any consecutive block of which it can recompute alone); None for a
+        policy whose log-probs are not such a chain (e.g. a VLA's tokens)."""
+        return None
+
     def training_keys(self) -> list[str]:
         """The features a BC batch must hold: the observed ones, plus any a training-only loss
         reads (e.g. an auxiliary target). Never fed to ``act``."""

@@ -307,7 +307,7 @@ def check_step_blocks(policy: Policy, size: int) -> None:
     chain of K recorded steps that ``size`` divides."""
     if not size:
         return
-    k = getattr(policy.config, "finetune_steps", None) if hasattr(policy, "time_key") else None
+    k = policy.chain_steps
     if k is None:
         raise ValueError(
             f"update_steps = {size} recomputes blocks of denoising steps; the "

@@ -198,6 +198,11 @@ class DiffusionPolicy(AuxStateTarget, ChunkedPolicy, NormalizedPolicy):
         return self.fit_state_normalizers(stats)
 
     @property
+    def chain_steps(self) -> int:
+        """The recorded chain's K: its last ``finetune_steps`` denoising steps."""
+        return self.config.finetune_steps
+
+    @property
     def observation_spec(self) -> ObservationSpec:
         """Cameras, ``observation.state`` and (when configured) the environment state."""
         return config_observation_spec(self.config)

@@ -133,6 +133,11 @@ class LeRobotPolicy(Policy):
         """Where ``policy_outputs`` records the stochastic steps' times."""
         return self.chain.time_key
 
+    @property
+    def chain_steps(self) -> int:
+        """The recorded chain's K: its last ``finetune_steps`` denoising steps."""
+        return self.config.finetune_steps
+
     def build_processors(self) -> None:
         """LeRobot's pre- and postprocessor for this policy type from ``config.stats`` (on the
         CPU; inputs move to the policy's device after them)."""

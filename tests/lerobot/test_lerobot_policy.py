@@ -128,7 +128,7 @@ def test_log_prob_recomputes_with_gradients(trained, ddpm, which: str) -> None:
     k = policy.config.finetune_steps
     assert out.policy_outputs["chain"].shape == (4, k + 1, 8, 4)
     log_prob = policy.log_prob(obs, ["task"] * 4, out.policy_outputs)
-    assert log_prob.shape == (4, k) and log_prob.requires_grad
+    assert log_prob.shape == (4, policy.chain_steps) and log_prob.requires_grad
     worst = (log_prob.detach() - out.policy_outputs["log_probs"]).abs().max().item()
     assert worst <= 1e-4, worst
     torch.testing.assert_close(log_prob.detach().sum(1), out.log_prob, rtol=0, atol=1e-3)
