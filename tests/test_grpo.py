@@ -16,13 +16,8 @@ from embodied.core.nn import build_vocab
 from embodied.policies import make_policy
 from embodied.rewards import ProgressConfig, ProgressRewardModel
 from embodied.rollout.backends import LocalRollouts
-from embodied.train.grpo import (
-    GRPOConfig,
-    RewardMonitor,
-    grpo_loss,
-    reward_correlation,
-    train_grpo,
-)
+from embodied.train.grpo import GRPOConfig, grpo_loss, train_grpo
+from embodied.train.monitor import RewardMonitor, reward_correlation, success_ranking
 from embodied.train.onpolicy import (
     Decisions,
     TaskGroups,
@@ -84,6 +79,20 @@ def test_monitor_tracks_curves_when_every_rollout_succeeds() -> None:
     hacked = [np.full_like(c, 0.9) for c in rising[:2]] + [rising[2]]
     assert reward_correlation(hacked, rising) < 0.5  # high from the start, whatever happens
     assert math.isnan(reward_correlation([np.ones(3)], [np.linspace(0, 1, 3)]))
+
+
+def test_success_ranking_counts_pairs_within_groups() -> None:
+    """How often a group's returns put a success above a failure: the part of the reward GRPO's
+    group-normalised advantage passes on. Pairs never cross groups; a tie counts half."""
+    success = np.array([1, 0, 1, 0, 1, 1, 0, 0])
+    # group 1: (0 > 1) yes, (0 > 3) yes, (2 > 1) no, (2 > 3) yes; group 2: four ties
+    returns = np.array([2.0, 1.0, 0.5, 0.4, 7.0, 7.0, 7.0, 7.0])
+    assert success_ranking(success, returns, 4) == pytest.approx((3 + 4 * 0.5) / 8)
+    assert success_ranking(success[:4], returns[:4], 4) == pytest.approx(3 / 4)
+    # a high return in another group beats nothing: groups of 2 pair (1, 0), (1, 0), (1, 1), (0, 0)
+    assert success_ranking(success, returns, 2) == pytest.approx(1.0)
+    assert success_ranking(success, success.astype(float), 4) == 1.0  # the success-only reward
+    assert math.isnan(success_ranking(np.ones(4), np.arange(4.0), 4))  # no failure to rank
 
 
 @pytest.mark.parametrize("kind", ["mlp", "diffusion", "flow", "vla"])
@@ -276,6 +285,8 @@ def test_grpo_trains_with_every_reward_model(saved, judge_dir, tmp_path: Path, r
     rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
     (row,) = [r for r in rows if "rollout/success_rate" in r]
     assert ("monitor/reward_corr" in row) == (reward in ("learned", "judge"))
+    if reward == "success" and "update/skipped" not in row:  # a group mixed success and failure
+        assert row["score/success_ranking"] == 1.0
     start, final = _weights(saved["explorer"]), _weights(run.path / "policy")
     if "update/skipped" in row:  # no group's returns differed: nothing to learn, no update
         # a random policy reaches no Reach stage: only the untrained learned model tells apart
@@ -348,6 +359,8 @@ def test_grpo_trains_one_policy_on_several_tasks(saved, tmp_path: Path) -> None:
     assert "rollout/Reach/success_rate" in last and "rollout/Push/success_rate" in last
     kept = last["rollout/Reach/groups_kept"] + last["rollout/Push/groups_kept"]
     assert kept == last["rollout/groups_kept"]
+    for task in ("Reach", "Push"):  # is the learned reward any good on each task?
+        assert f"monitor/{task}/reward_corr" in last and f"score/{task}/success_ranking" in last
     assert last["rollout/episodes"] == 2 * 3
     start, final = _weights(saved["explorer"]), _weights(run.path / "policy")
     assert any(not torch.equal(start[k], final[k]) for k in start)

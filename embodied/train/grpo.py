@@ -14,6 +14,9 @@ bottom:
 
        R_i = w_success * success_i + w_progress * (p_T - p_0)_i
 
+   The log's ``score/success_ranking`` is how often a group's returns rank a success above a
+   failure (1 for the success-only reward); with a learned reward, per task, it says where the
+   model's signal is weak.
 3. Dynamic sampling: groups whose success rate is outside ``[keep_low, keep_high]`` (or whose
    returns have no variance) carry no signal; they are dropped and refilled from new seeds.
 4. Group-normalised advantage, broadcast to every decision and element of the trajectory::
@@ -58,6 +61,7 @@ from embodied.core.run import RunDir
 from embodied.rewards.models import PrivilegedProgress, make_reward_model
 from embodied.rewards.returns import TrajectoryScore
 from embodied.train.loop import Trainer, begin, load_policy
+from embodied.train.monitor import RewardMonitor, reward_correlation, success_ranking
 from embodied.train.onpolicy import (
     OnPolicyConfig,
     TaskGroups,
@@ -220,66 +224,6 @@ def keep_group(successes: np.ndarray, returns: np.ndarray, low: float, high: flo
 # --- the training loop -------------------------------------------------------------------------
 
 
-def pearson(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson correlation; NaN when either side is constant."""
-    if np.std(x) == 0 or np.std(y) == 0:
-        return float("nan")
-    return float(np.corrcoef(x, y)[0, 1])
-
-
-def reward_correlation(learned: list[np.ndarray], privileged: list[np.ndarray]) -> float:
-    """Pearson correlation of learned and privileged progress over every step of every rollout
-    (steps a judge left unanswered are skipped). Per step rather than per final value: when
-    nearly every rollout succeeds, final privileged progress is constant and its correlation is
-    noise, while the curves still rise together."""
-    x, y = np.concatenate(learned), np.concatenate(privileged)
-    known = np.isfinite(x)
-    return pearson(x[known], y[known])
-
-
-class RewardMonitor:
-    """The reward-hacking monitor over a run's per-iteration correlations of learned with
-    privileged progress: it says when the model does not track progress on the first rollouts,
-    and when the mean of the last ``window`` iterations falls below ``warn`` (having started
-    above it) or ``drop`` below the first ``window``'s mean. Smoothed, because one iteration's
-    correlation over a few dozen rollouts moves by ~0.1; said once per fall, not every iteration
-    it lasts."""
-
-    def __init__(
-        self, warn: float, window: int = 5, drop: float = 0.3, state: dict[str, Any] | None = None
-    ) -> None:
-        self.warn, self.window, self.drop = warn, window, drop
-        state = state or {}  # a checkpoint's, so that a resumed run keeps its first iterations
-        self.history: list[float] = [float(c) for c in state.get("history", [])]
-        self.falling = bool(state.get("falling", False))
-
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the monitor (JSON)."""
-        return {"history": list(self.history), "falling": self.falling}
-
-    def update(self, iteration: int, corr: float) -> str | None:
-        """Record iteration ``iteration``'s correlation; the warning to give now, if any."""
-        if not np.isfinite(corr):
-            return None
-        self.history.append(corr)
-        said = f"iteration {iteration}: the learned reward's correlation with privileged progress"
-        if len(self.history) == 1:
-            if corr >= self.warn:
-                return None
-            return (f"{said} is {corr:.2f} on the first rollouts (below monitor_warn {self.warn}); "
-                    "the reward model may not fit this policy's episodes")  # fmt: skip
-        # Until more than `window` iterations are in, both means are the same: no fall yet.
-        start = float(np.mean(self.history[: self.window]))
-        recent = float(np.mean(self.history[-self.window :]))
-        fell = recent < start - self.drop or (start >= self.warn > recent)
-        said_now = fell and not self.falling
-        self.falling = fell
-        if not said_now:
-            return None
-        return (f"{said} fell to {recent:.2f} over the last {self.window} iterations (first "
-                f"{start:.2f}); the policy may be exploiting the reward model")  # fmt: skip
-
-
 def train_grpo(cfg: GRPOConfig) -> RunDir:
     """Run GRPO; return the run directory (final policy in ``policy/``)."""
 
@@ -319,6 +263,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 all_trajs: list[Any] = []
                 all_tasks: list[str] = []  # the task of each of all_trajs
                 all_scores: list[ProgressScore] = []  # the model's progress, for the monitor
+                all_returns: list[np.ndarray] = []
                 score_time = 0.0
                 dropped = 0
                 for round_ in range(cfg.max_refills + 1):
@@ -338,6 +283,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     scores = reward_model.score(trajs)
                     all_scores += scores
                     returns = returns_of.batch(trajs, scores)
+                    all_returns.append(returns)
                     score_time += time.perf_counter() - t1
                     for g in range(need):
                         part = slice(g * cfg.group_size, (g + 1) * cfg.group_size)
@@ -350,6 +296,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                             dropped += 1
                 rollout_time = time.perf_counter() - t0 - score_time
                 successes = np.array([t.success for t in all_trajs], dtype=float)
+                every_return = np.concatenate(all_returns)
                 log.update(
                     {
                         "rollout/success_rate": float(successes.mean()),
@@ -359,14 +306,20 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                         "rollout/groups_dropped": float(dropped),
                         "time/rollout": rollout_time,
                         "time/score": score_time,
+                        "score/success_ranking": success_ranking(
+                            successes, every_return, cfg.group_size
+                        ),
                     }
                 )
+                task_of = np.array(all_tasks)
                 if len(envs) > 1:  # per task: where the policy still fails, where it learns
-                    task_of = np.array(all_tasks)
                     for task in sorted(set(all_tasks)):
-                        rate = successes[task_of == task].mean()
-                        log[f"rollout/{task}/success_rate"] = float(rate)
+                        mine = task_of == task  # whole groups: a group is one task's
+                        log[f"rollout/{task}/success_rate"] = float(successes[mine].mean())
                         log[f"rollout/{task}/groups_kept"] = float(kept_tasks.count(task))
+                        log[f"score/{task}/success_ranking"] = success_ranking(
+                            successes[mine], every_return[mine], cfg.group_size
+                        )
                 errors = sum("error" in t.metadata for t in all_trajs)
                 if errors:
                     log["rollout/env_errors"] = float(errors)
@@ -380,6 +333,11 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     log["monitor/privileged_final_progress"] = float(
                         np.mean([c[-1] for c in privileged])
                     )
+                    for task in sorted(set(all_tasks)) if len(envs) > 1 else ():
+                        mine = np.flatnonzero(task_of == task)
+                        log[f"monitor/{task}/reward_corr"] = reward_correlation(
+                            [learned[i] for i in mine], [privileged[i] for i in mine]
+                        )
                     if message := monitor.update(iteration, corr):
                         warnings.warn(message, stacklevel=2)
                     trainer.extra["monitor"] = monitor.state()
