@@ -15,8 +15,8 @@ bottom:
        R_i = w_success * success_i + w_progress * (p_T - p_0)_i
 
    The log's ``score/success_ranking`` is how often a group's returns rank a success above a
-   failure (1 for the success-only reward); with a learned reward, per task, it says where the
-   model's signal is weak.
+   failure: 1 wherever ``w_success`` outweighs the progress term, so it speaks of a model when
+   the return is the model's alone (``success_weight=0``), per task where it is weak.
 3. Dynamic sampling: groups whose success rate is outside ``[keep_low, keep_high]`` (or whose
    returns have no variance) carry no signal; they are dropped and refilled from new seeds.
 4. Group-normalised advantage, broadcast to every decision and element of the trajectory::
