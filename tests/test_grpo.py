@@ -462,10 +462,10 @@ def test_shipped_config_loads_with_the_command_line_overrides() -> None:
         GRPOConfig, str(config.with_name("grpo_mt10.yaml")), ["policy=p", "reward_model=r"]
     )
     assert task_names(mt10) == [f"metaworld/{t}-v3" for t in
-                                ("push", "pick-place", "peg-insert-side")]  # fmt: skip
-    assert (mt10.env, mt10.groups, mt10.group_size, mt10.max_minutes) == (
-        {"max_episode_steps": 200}, 18, 8, 60.0)  # fmt: skip
-    assert mt10.policy_overrides["min_std"] == 0.2
+                                ("reach", "push", "pick-place", "peg-insert-side")]  # fmt: skip
+    assert (mt10.env, mt10.groups, mt10.group_size, mt10.max_minutes, mt10.update_steps) == (
+        {"max_episode_steps": 200}, 16, 8, 60.0, 5)  # fmt: skip
+    assert mt10.policy_overrides["min_std"] == 0.15
     pixels = load_config(GRPOConfig, str(config.with_name("grpo_pickplace_pixels.yaml")),
                          ["policy=p", "reward_model=r"])  # fmt: skip
     assert (pixels.task, pixels.reward, pixels.optim.lr, pixels.eval_episodes) == (
