@@ -30,7 +30,11 @@ bottom:
 
        L_clip = -min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A)
        k3     = exp(logp_ref - logp) - (logp_ref - logp) - 1       (KL to the frozen start)
-       L      = agg(L_clip) + kl_coef * agg(k3)
+       L      = agg(L_clip) + kl_coef * agg(k3) + anchor_coef * L_BC
+
+   ``L_BC`` is the policy's BC loss on a batch of expert windows of ``anchor_dataset``
+   (``embodied.train.anchor``; DAPG's augmented gradient): it keeps a multi-task policy's
+   untrained tasks where the demonstrations put them while shared weights move for the others.
 
    ``agg`` is ``token-mean`` (over all elements), ``seq-mean-token-mean`` (elements of a
    decision, then decisions), ``traj-mean`` (elements of a trajectory, then trajectories:
@@ -60,6 +64,7 @@ from embodied.core.reward import ProgressScore
 from embodied.core.run import RunDir
 from embodied.rewards.models import PrivilegedProgress, make_reward_model
 from embodied.rewards.returns import TrajectoryScore
+from embodied.train.anchor import DemoAnchor
 from embodied.train.loop import Trainer, begin, load_policy
 from embodied.train.monitor import RewardMonitor, reward_correlation, success_ranking
 from embodied.train.onpolicy import (
@@ -99,6 +104,9 @@ class GRPOConfig(OnPolicyConfig):
     clip_low: float = setting(0.2, low=0.0)
     clip_high: float = setting(0.28, low=0.0)
     kl_coef: float = setting(0.0, low=0.0)
+    anchor_dataset: str = ""  # expert demonstrations (LeRobot) for the BC anchor
+    anchor_coef: float = setting(0.0, low=0.0)  # its weight; 0: no anchor
+    anchor_batch_size: int = setting(32, low=1)  # its windows per minibatch
     loss_agg: str = setting("token-mean", choices=AGGREGATIONS)
     holder_p: float = 1.0
     adv_eps: float = setting(1e-6, low=0.0)
@@ -113,6 +121,11 @@ class GRPOConfig(OnPolicyConfig):
             raise ValueError(
                 f"success_prob_weight = {self.success_prob_weight} reads a learned reward "
                 f"model's success head: set reward=learned (got reward={self.reward!r})"
+            )
+        if bool(self.anchor_dataset) != (self.anchor_coef > 0):
+            raise ValueError(
+                f"the BC anchor needs both anchor_dataset and anchor_coef > 0; got "
+                f"anchor_dataset={self.anchor_dataset!r}, anchor_coef={self.anchor_coef}"
             )
         if self.keep_low > self.keep_high:
             raise ValueError(
@@ -232,6 +245,9 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     policy.eval()  # no dropout: sampling and recomputation must see the same network
     check_step_blocks(policy, cfg.update_steps)
     reference = copy.deepcopy(policy).requires_grad_(False) if cfg.kl_coef > 0 else None
+    anchor = None
+    if cfg.anchor_coef > 0:
+        anchor = DemoAnchor(cfg.anchor_dataset, policy, cfg.anchor_batch_size)
     reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
     returns_of = TrajectoryScore(
         {
@@ -395,6 +411,10 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                             cfg.kl_coef,
                             (1.0 / elements[batch.trajectory]).to(device),
                         )
+                        if anchor is not None:
+                            bc = anchor.loss(policy, rng, device)
+                            loss = loss + cfg.anchor_coef * bc
+                            st["anchor_loss"] = float(bc.detach())
                         where = f"GRPO loss at iteration {iteration}"
                         st["grad_norm"] = trainer.update(loss, where, step_schedule=False)
                         stats.append(st)
