@@ -60,7 +60,7 @@ def _demo_loss(policy_dir: Path, demos: Path) -> float:
     policy = Policy.from_pretrained(policy_dir)
     anchor = DemoAnchor(str(demos), policy, batch_size=256)
     with torch.no_grad():
-        return float(anchor.loss(policy, np.random.default_rng(7), policy.device))
+        return float(anchor.loss(policy, np.random.default_rng(7)))
 
 
 def test_the_anchor_pulls_the_policy_to_the_demonstrations(saved, tmp_path: Path) -> None:
@@ -86,7 +86,8 @@ def test_bad_anchor_settings_are_refused_by_name(saved, tmp_path: Path) -> None:
         train_grpo(_cfg(saved, tmp_path, anchor_dataset=str(saved["demos"])))
     missing = tmp_path / "no-such-dataset"
     with pytest.raises(ValueError, match=f"anchor_dataset='{missing}': "):
-        train_grpo(_cfg(saved, tmp_path, anchor_dataset=str(missing), anchor_coef=1.0))
+        train_grpo(_cfg(saved, tmp_path / "runs", anchor_dataset=str(missing), anchor_coef=1.0))
+    assert not (tmp_path / "runs").exists()  # refused before the run directory is made
     # demos the policy cannot read: a 2-D state policy against Reach's 4-D state
     narrow = make_policy("mlp", state_dim=2, action_dim=4, env_state_dim=39, hidden=[8])
     narrow.fit_normalizers({**STATS, "observation.state": {"mean": np.zeros(2),

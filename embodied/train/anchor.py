@@ -18,7 +18,7 @@ import torch
 from embodied.core.policy import Policy
 from embodied.datasets import LeRobotDataset
 from embodied.datasets.training import BCDataset
-from embodied.train.loop import collate, to_device
+from embodied.train.loop import load_batch
 
 
 class DemoAnchor:
@@ -35,12 +35,11 @@ class DemoAnchor:
             if len(self.windows) == 0:
                 raise ValueError("it holds no frames")
             with torch.no_grad():
-                self.loss(policy, np.random.default_rng(0), policy.device)
+                self.loss(policy, np.random.default_rng(0))
         except (FileNotFoundError, KeyError, ValueError) as err:
             raise ValueError(f"anchor_dataset={dataset!r}: {err}") from None
 
-    def loss(self, policy: Policy, rng: np.random.Generator, device: torch.device) -> torch.Tensor:
-        """``policy.bc_loss`` on ``batch_size`` windows drawn with ``rng``."""
+    def loss(self, policy: Policy, rng: np.random.Generator) -> torch.Tensor:
+        """``policy.bc_loss`` on ``batch_size`` windows drawn with ``rng``, on its device."""
         idx = rng.integers(0, len(self.windows), size=self.batch_size)
-        batch = to_device(collate([self.windows[int(i)] for i in idx]), device)
-        return policy.bc_loss(batch)
+        return policy.bc_loss(load_batch(self.windows, idx, policy.device))

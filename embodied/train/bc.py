@@ -24,7 +24,7 @@ from embodied.datasets import LeRobotDataset
 from embodied.datasets.training import BCDataset, normalization_stats
 from embodied.evaluation.suite import evaluate_policy
 from embodied.rollout.matching import env_options
-from embodied.train.loop import Trainer, batch_indices, begin, collate, load_policy, to_device
+from embodied.train.loop import Trainer, batch_indices, begin, load_batch, load_policy
 from embodied.train.optim import OptimConfig
 
 MEMORY_SHARE = 0.5  # a batch may take at most this share of the machine's memory
@@ -139,7 +139,7 @@ def train_bc(cfg: BCConfig) -> RunDir:
     with Trainer(cfg, policy, "steps") as trainer:
         for step in trainer.steps("bc"):
             idx = batch_indices(len(windows), cfg.batch_size, cfg.seed, step)
-            batch = to_device(collate([windows[int(i)] for i in idx]), device)
+            batch = load_batch(windows, idx, device)
             loss = policy.bc_loss(batch)
             trainer.update(loss, f"BC loss at step {step} (batch actions mean "
                            f"{np.mean(batch['action'].float().cpu().numpy()):.4g})")  # fmt: skip

@@ -412,7 +412,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                             (1.0 / elements[batch.trajectory]).to(device),
                         )
                         if anchor is not None:
-                            bc = anchor.loss(policy, rng, device)
+                            bc = anchor.loss(policy, rng)
                             loss = loss + cfg.anchor_coef * bc
                             st["anchor_loss"] = float(bc.detach())
                         where = f"GRPO loss at iteration {iteration}"

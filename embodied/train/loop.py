@@ -242,3 +242,9 @@ def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """Move every tensor of a batch to ``device``."""
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def load_batch(windows: Any, indices: Any, device: torch.device) -> dict[str, Any]:
+    """The items ``indices`` of a dataset of windows (e.g. ``BCDataset``), collated onto
+    ``device``: a BC step's batch, and the GRPO anchor's."""
+    return to_device(collate([windows[int(i)] for i in indices]), device)
