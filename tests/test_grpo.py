@@ -7,6 +7,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -540,3 +541,38 @@ def test_rollouts_show_the_reward_model_the_camera_it_was_trained_on(saved) -> N
     with pytest.raises(ValueError, match=r"the reward model reads observation.images.wrist, "
                        r"Reach offers \['observation.image'\]"):  # fmt: skip
         check_task(pixels, "Reach", options, reward)
+
+
+def test_hard_states_start_groups_where_the_greedy_policy_fails(saved, tmp_path: Path) -> None:
+    """hard_seeds runs each task's candidates once deterministically and gives its groups the
+    states the greedy policy failed, in seed order, then solved ones where too few failed; a run
+    with hard_states logs the greedy success of its candidates."""
+
+    class Greedy:  # a stand-in backend whose greedy policy solves the seeds divisible by 3
+        def __init__(self) -> None:
+            self.calls: list[tuple[list[int], bool]] = []
+
+        def run(self, seeds, sample_seed, deterministic=False):
+            self.calls.append((list(seeds), deterministic))
+            return [SimpleNamespace(success=seed % 3 == 0) for seed in seeds]
+
+        def close(self) -> None:
+            pass
+
+    policy = _policies()["mlp"].fit_normalizers(STATS).eval()
+    options = {"obs_mode": "state", "max_episode_steps": 6}
+    groups = TaskGroups(GRPOConfig(group_size=2), {"Reach": options, "Push": options}, policy, 3)
+    groups.close()
+    groups.backends = {"Reach": Greedy(), "Push": Greedy()}
+    seeds, rates = groups.hard_seeds(3, first=9, candidates=2)  # Reach: groups 0, 2; Push: 1
+    assert groups.backends["Reach"].calls == [([9, 10, 11, 12], True)]
+    assert groups.backends["Push"].calls == [([9, 10], True)]
+    assert seeds == [10, 10, 11]  # Reach fails 10, 11 (solves 9, 12); Push fails 10
+    assert rates == {"Reach": 0.5, "Push": 0.5}
+    seeds, rates = groups.hard_seeds(2, first=0, candidates=1)  # each task has only seed 0
+    assert seeds == [0, 0] and rates == {"Reach": 1.0, "Push": 1.0}  # solved, used all the same
+
+    run = train_grpo(_cfg(saved, tmp_path, iterations=1, hard_states=2, eval_episodes=0))
+    rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert 0.0 <= rows[-1]["rollout/greedy_success"] <= 1.0
+    assert rows[-1]["rollout/episodes"] == 2 * 3  # the candidates are not training episodes

@@ -8,6 +8,8 @@ bottom:
 1. Roll out ``group_size`` episodes from each of ``groups`` initial states (same seed = same
    state), sampling stochastically; every decision records its outputs and log-probs. With
    several ``tasks`` (a multi-task policy, e.g. ``MT10``) the groups take the tasks in turn.
+   With ``hard_states=k`` each group's state is one of ``k`` candidates that the greedy policy
+   (the one evaluated) fails, found by running each candidate once deterministically.
 2. Score: the trajectory return combines success and progress from any reward model (learned,
    VLM judge, privileged labels, or none), the potential-based reward summed (it telescopes;
    ``embodied.rewards.returns``)::
@@ -107,6 +109,8 @@ class GRPOConfig(OnPolicyConfig):
     anchor_dataset: str = ""  # expert demonstrations (LeRobot) for the BC anchor
     anchor_coef: float = setting(0.0, low=0.0)  # its weight; 0: no anchor
     anchor_batch_size: int = setting(32, low=1)  # its windows per minibatch
+    hard_states: int = setting(0, low=0)  # k: each group's initial state is one of k candidates
+    # the greedy policy fails, found by running them once deterministically (0: as drawn)
     loss_agg: str = setting("token-mean", choices=AGGREGATIONS)
     holder_p: float = 1.0
     adv_eps: float = setting(1e-6, low=0.0)
@@ -282,14 +286,17 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 all_returns: list[np.ndarray] = []
                 score_time = 0.0
                 dropped = 0
+                greedy: dict[str, list[float]] = {}  # hard_states: greedy success per round
                 for round_ in range(cfg.max_refills + 1):
                     need = cfg.groups - len(kept) // cfg.group_size
                     if need <= 0:
                         break
-                    base = (
-                        cfg.train_seed + (iteration * (cfg.max_refills + 1) + round_) * cfg.groups
-                    )
+                    stride = cfg.groups * max(cfg.hard_states, 1)  # the seeds a round may use
+                    base = cfg.train_seed + (iteration * (cfg.max_refills + 1) + round_) * stride
                     seeds = list(range(base, base + need))
+                    if cfg.hard_states:
+                        seeds, rates = rollouts.hard_seeds(need, base, cfg.hard_states)
+                        greedy.update({t: greedy.get(t, []) + [r] for t, r in rates.items()})
                     sample_seed = cfg.seed * 1_000_003 + iteration * 101 + round_
                     trajs = rollouts.run(seeds, cfg.group_size, sample_seed)
                     all_trajs += trajs
@@ -327,6 +334,11 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                         ),
                     }
                 )
+                if greedy:  # the candidates are fresh states: a held-out estimate
+                    rates = {task: float(np.mean(r)) for task, r in greedy.items()}
+                    log["rollout/greedy_success"] = float(np.mean(list(rates.values())))
+                    if len(envs) > 1:
+                        log |= {f"rollout/{task}/greedy_success": r for task, r in rates.items()}
                 task_of = np.array(all_tasks)
                 if len(envs) > 1:  # per task: where the policy still fails, where it learns
                     for task in sorted(set(all_tasks)):

@@ -191,6 +191,27 @@ class TaskGroups:
                 out[g] = trajs[i * group_size : (i + 1) * group_size]
         return [t for group in out for t in group]
 
+    def hard_seeds(self, need: int, first: int, candidates: int) -> tuple[list[int], dict]:
+        """Initial states for ``need`` groups (group ``g`` on ``task_of(g)``) that the greedy
+        policy fails: each task runs ``candidates`` states per group (seeds ``first, first + 1,
+        ...``) once deterministically and gives its groups the failed ones in seed order, then
+        solved ones where too few fail. Also each task's greedy success rate on its candidates.
+
+        A sampled group from a state the greedy policy solves mostly teaches the policy to keep
+        that success under its sampling noise, which the greedy policy already has."""
+        seeds, greedy = [0] * need, {}
+        for task in self.tasks:
+            mine = [g for g in range(need) if self.task_of(g) == task]
+            if not mine:
+                continue
+            pool = list(range(first, first + candidates * len(mine)))
+            solved = [bool(t.success) for t in self.backends[task].run(pool, 0, True)]
+            failed_first = sorted(pool, key=lambda seed: solved[seed - first])  # stable
+            for g, seed in zip(mine, failed_first[: len(mine)], strict=True):
+                seeds[g] = seed
+            greedy[task] = float(np.mean(solved))
+        return seeds, greedy
+
     def set_weights(self, policy: Any) -> None:
         """Act with ``policy``'s weights on every task."""
         for backend in self.backends.values():
