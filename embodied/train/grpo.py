@@ -293,10 +293,12 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                         break
                     stride = cfg.groups * max(cfg.hard_states, 1)  # the seeds a round may use
                     base = cfg.train_seed + (iteration * (cfg.max_refills + 1) + round_) * stride
-                    seeds = list(range(base, base + need))
                     if cfg.hard_states:
                         seeds, rates = rollouts.hard_seeds(need, base, cfg.hard_states)
-                        greedy.update({t: greedy.get(t, []) + [r] for t, r in rates.items()})
+                        for task, rate in rates.items():
+                            greedy.setdefault(task, []).append(rate)
+                    else:
+                        seeds = list(range(base, base + need))
                     sample_seed = cfg.seed * 1_000_003 + iteration * 101 + round_
                     trajs = rollouts.run(seeds, cfg.group_size, sample_seed)
                     all_trajs += trajs
