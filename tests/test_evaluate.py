@@ -15,11 +15,12 @@ import pytest
 
 import embodied.sims as sims
 from embodied.apps.cli import main
+from embodied.core.policy import Policy
 from embodied.core.trajectory_builder import TrajectoryBuilder
 from embodied.evaluation.results import summarize, wilson_interval
-from embodied.evaluation.suite import EvalConfig, run_eval, suite_tasks
+from embodied.evaluation.suite import EvalConfig, rollout_task, run_eval, suite_tasks
 from embodied.evaluation.video import annotate_frames
-from embodied.rollout.episodes import ExpertActor, ExpertLabels, rollout_vector
+from embodied.rollout.episodes import ExpertActor, ExpertLabels, PolicyActor, rollout_vector
 
 
 def _wilson_by_hand(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -63,6 +64,11 @@ def test_summary_counts_a_success_raised_at_any_step() -> None:
     assert result.final_progress == pytest.approx((0.5 + 0.3 + 1.0) / 3)
     assert result.mean_length == pytest.approx(8 / 3)
     assert result.episode_successes == [True, False, True]
+    assert (result.states, result.states_solved) == (3, 2)  # unseeded: each its own state
+    repeated = summarize(
+        "Push", [replace(t, seed=s) for t, s in zip(trajs, [7, 8, 7], strict=True)]
+    )
+    assert (repeated.states, repeated.states_solved, repeated.episode_seeds) == (2, 1, [7, 8, 7])
     metrics = result.metrics()
     assert metrics["eval/Push/success_rate"] == pytest.approx(2 / 3)
     assert metrics["eval/Push/collisions"] == pytest.approx(4 / 3)
@@ -294,8 +300,10 @@ def test_eval_refuses_bad_input_before_any_rollout(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()  # refused before a run directory or rollout
     with pytest.raises(ValueError, match="has no config.json"):
         run_eval(EvalConfig(policy=str(tmp_path / "nothing"), out=str(tmp_path / "r")))
-    with pytest.raises(ValueError, match="videos = 3: expected at most episodes = 2"):
+    with pytest.raises(ValueError, match="videos = 3: expected at most episodes x repeats = 2"):
         run_eval(EvalConfig(episodes=2, videos=3, out=str(tmp_path / "r")))
+    with pytest.raises(ValueError, match=r"repeats = 4 runs each initial state again.*sample=true"):
+        run_eval(EvalConfig(policy=str(tmp_path / "policy3"), repeats=4, out=str(tmp_path / "r")))
 
 
 def test_eval_env_options_give_a_policy_without_names_the_goal(tmp_path: Path) -> None:
@@ -432,6 +440,36 @@ def test_dagger_into_a_dataset_records_what_it_holds_and_the_policy_reads_its_ca
     finally:
         env.close()
     np.testing.assert_allclose(frames["action"][0], expert, atol=1e-6)  # the expert's label
+
+
+def test_eval_repeats_sample_each_initial_state_again_and_count_the_states_solved(
+    tmp_path: Path,
+) -> None:
+    """``repeats`` with ``sample=true`` runs every seed several times with fresh noise (where a
+    sampling RL group can find a success) and the report counts the states ever solved."""
+    from embodied.policies import make_policy
+
+    make_policy("mlp", state_dim=4, action_dim=4, init_log_std=-1.0).save_pretrained(tmp_path / "p")
+    cfg = EvalConfig(policy=str(tmp_path / "p"), tasks=["Reach"], episodes=2, repeats=3,
+                     sample=True, videos=2, out=str(tmp_path / "r"))  # fmt: skip
+    run, (result,) = run_eval(cfg)
+    assert (result.episodes, result.states) == (6, 2)
+    assert result.episode_seeds == [100_000] * 3 + [100_001] * 3
+    by_seed = {}
+    for seed, won in zip(result.episode_seeds, result.episode_successes, strict=True):
+        by_seed[seed] = by_seed.get(seed, False) or won
+    assert result.states_solved == sum(by_seed.values())
+    assert result.videos == ["videos/Reach-100000-0.mp4", "videos/Reach-100000-1.mp4"]
+    report = (run.path / "report.md").read_text()
+    assert "2 initial states per task" in report and "3 episodes each" in report
+    row = re.search(r"\| states solved \|\n.*\n\| Reach \| 6 \|.* \| (\d)/2 \|", report)
+    assert row and int(row.group(1)) == result.states_solved, report
+    policy = Policy.from_pretrained(tmp_path / "p").eval()
+    sampling = lambda vec: PolicyActor(policy, vec.num_envs, deterministic=False)  # noqa: E731
+    trajs = rollout_task("Reach", sampling, 1, 7, {"obs_mode": "state"}, repeats=3)
+    assert [t.seed for t in trajs] == [7, 7, 7]
+    first = [t.actions[0].tolist() for t in trajs]  # one initial state, three noise draws
+    assert first[0] != first[1] != first[2] != first[0]
 
 
 def test_eval_policy_overrides_change_the_saved_config_not_the_weights(tmp_path: Path) -> None:

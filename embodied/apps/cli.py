@@ -68,12 +68,12 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from embodied.evaluation.report import EVAL_HEADERS, eval_rows, markdown_table
+    from embodied.evaluation.report import eval_table, markdown_table
     from embodied.evaluation.suite import EvalConfig, run_eval
 
     flags = ("policy", "suite", "tasks", "episodes", "seed", "videos", "workers", "out", "record")
     run, results = run_eval(_config(EvalConfig, args, flags))
-    print(markdown_table(EVAL_HEADERS, eval_rows(results)))
+    print(markdown_table(*eval_table(results)))
     print(f"\nreport: {run.path / 'report.html'}")
     return 0
 

@@ -164,12 +164,15 @@ EVAL_HEADERS = (
 )
 
 
-def eval_rows(results: Sequence[Any]) -> list[list[str]]:
-    """One table row per task, then the suite average."""
+def eval_table(results: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
+    """Headers and one row per task, then the suite average; a ``states solved`` column (initial
+    states with a success in any of their episodes) when some state ran more than once."""
 
     def number(value: float | None, fmt: str) -> str:
         return "n/a" if value is None else format(value, fmt)
 
+    repeated = any(0 < r.states < r.episodes for r in results)
+    headers = list(EVAL_HEADERS) + (["states solved"] if repeated else [])
     rows = [
         [
             r.task,
@@ -180,13 +183,14 @@ def eval_rows(results: Sequence[Any]) -> list[list[str]]:
             number(r.collisions_per_episode, ".2f"),
             number(r.final_progress, ".2f"),
         ]
+        + ([f"{r.states_solved}/{r.states}"] if repeated else [])
         for r in results
     ]
     if len(results) > 1:
         mean = float(np.mean([r.success_rate for r in results]))
         rows.append(["suite average", str(sum(r.episodes for r in results)), f"{mean:.0%}"])
-        rows[-1] += [""] * (len(EVAL_HEADERS) - 3)
-    return rows
+        rows[-1] += [""] * (len(headers) - 3)
+    return headers, rows
 
 
 def write_eval_report(
@@ -199,9 +203,13 @@ def write_eval_report(
     write_results_json(path / "results.json", cfg, results, created=created, seconds=seconds)
     title = f"Evaluation of {cfg.policy} on {cfg.suite}"
     seeds = f"seeds {cfg.seed}..{cfg.seed + cfg.episodes - 1} (held out)"
-    rows = eval_rows(results)
-    md = [f"# {title}", "", f"{cfg.episodes} episodes per task, {seeds}.", ""]
-    md += [markdown_table(EVAL_HEADERS, rows), "", "![success](success.png)", ""]
+    repeats = getattr(cfg, "repeats", 1)
+    per_task = f"{cfg.episodes} episodes per task, {seeds}"
+    if repeats > 1:
+        per_task = f"{cfg.episodes} initial states per task, {seeds}, {repeats} episodes each"
+    headers, rows = eval_table(results)
+    md = [f"# {title}", "", f"{per_task}.", ""]
+    md += [markdown_table(headers, rows), "", "![success](success.png)", ""]
     if any(r.progress_curves for r in results):
         md += ["![progress](progress.png)", ""]
     md += [f"- {r.task}: [{v}]({v})" for r in results for v in r.videos]
@@ -210,10 +218,10 @@ def write_eval_report(
     success_png = success_plot({cfg.policy: results})
     atomic_write_bytes(path / "success.png", success_png)
     body = [
-        f"<p>{cfg.episodes} episodes per task, {html.escape(seeds)}; generated {created}"
+        f"<p>{html.escape(per_task)}; generated {created}"
         + (f" in {seconds:.0f} s" if seconds is not None else "")
         + ".</p>",
-        html_table(EVAL_HEADERS, rows),
+        html_table(headers, rows),
         image_tag(success_png, "success rate per task"),
     ]
     with_curves = [r for r in results if r.progress_curves]

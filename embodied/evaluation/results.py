@@ -46,11 +46,16 @@ class EvalResult:
     mean_length: float
     collisions_per_episode: float | None = None  # None: the env does not report collisions
     final_progress: float | None = None  # mean privileged progress at the end; None: no labels
+    # Initial states (distinct seeds) and those with a success in any of their episodes: with
+    # eval's repeats > 1 and sample=true, where the sampled policy ever succeeds (RL's signal)
+    states: int = 0
+    states_solved: int = 0
     instructions: list[str] = field(default_factory=list)
     videos: list[str] = field(default_factory=list)
     # Per-episode privileged progress curves and outcomes, for the report's plots.
     progress_curves: list[list[float]] = field(default_factory=list, repr=False)
     episode_successes: list[bool] = field(default_factory=list, repr=False)
+    episode_seeds: list[int | None] = field(default_factory=list, repr=False)
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         """Flat metrics for the logger."""
@@ -81,6 +86,9 @@ def summarize(task: str, trajectories: Sequence[Any]) -> EvalResult:
         raise ValueError(f"no episodes to summarise for {task}")
     outcomes = [episode_success(t) for t in trajectories]
     wins = int(sum(outcomes))
+    seeds = [None if t.seed is None else int(t.seed) for t in trajectories]
+    states = [(i,) if seed is None else seed for i, seed in enumerate(seeds)]  # unseeded: its own
+    solved = {state for state, won in zip(states, outcomes, strict=True) if won}
     low, high = wilson_interval(wins, len(outcomes))
     curves = (
         [np.asarray(t.info["progress"], dtype=float).tolist() for t in trajectories]
@@ -97,9 +105,12 @@ def summarize(task: str, trajectories: Sequence[Any]) -> EvalResult:
         mean_length=float(np.mean([t.length for t in trajectories])),
         collisions_per_episode=collisions_per_episode(trajectories),
         final_progress=float(np.mean([c[-1] for c in curves if c])) if curves else None,
+        states=len(set(states)),
+        states_solved=len(solved),
         instructions=[t.instruction for t in trajectories],
         progress_curves=curves,
         episode_successes=outcomes,
+        episode_seeds=seeds,
     )
 
 

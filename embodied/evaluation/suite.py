@@ -54,9 +54,11 @@ def rollout_task(
     check: Callable[[Any], None] | None = None,
     asynchronous: bool | None = None,
     skip_unread_images: bool = False,
+    repeats: int = 1,
 ) -> list[Any]:
-    """Trajectories of ``episodes`` rollouts on seeds ``seed..``, in seed order; ``make_actor(vec)``
-    builds the batched actor, ``check(vec)`` may refuse the env before any step.
+    """Trajectories of ``episodes`` rollouts on seeds ``seed..``, each seed ``repeats`` times, in
+    seed order; ``make_actor(vec)`` builds the batched actor, ``check(vec)`` may refuse the env
+    before any step (a sampling actor draws each repeat's noise from its own episode id).
     ``workers`` sub-envs run in their own processes unless ``asynchronous=False`` (one process,
     still one batched policy call for all of them). ``skip_unread_images`` as in
     ``rollout_vector`` (tabletop and Meta-World envs have the switch)."""
@@ -68,7 +70,7 @@ def rollout_task(
     try:
         if check is not None:
             check(vec)
-        seeds = [seed + e for e in range(episodes)]
+        seeds = [seed + e for e in range(episodes) for _ in range(repeats)]
         trajs = list(
             rollout_vector(
                 vec,
@@ -82,7 +84,7 @@ def rollout_task(
     finally:
         vec.close()
     sims.attach_replay_frames(trajs, task, env_kwargs)
-    return sorted(trajs, key=lambda t: t.seed)
+    return sorted(trajs, key=lambda t: t.seed)  # stable: a seed's repeats stay in episode order
 
 
 def policy_check(policy: Policy, task: str) -> Callable[[Any], None]:
@@ -136,12 +138,14 @@ def evaluate_task(
     prefix: str = "",
     check: Callable[[Any], None] | None = None,
     skip_unread_images: bool = False,
+    repeats: int = 1,
 ) -> tuple[EvalResult, list[Any]]:
     """``rollout_task`` then ``summarize``; the first ``videos`` episodes are written to
-    ``out/videos/<prefix><task>-<seed>.mp4`` with the instruction and privileged progress drawn
-    on them (paths relative to ``out`` in ``result.videos``). Returns the result and the
-    trajectories; ``check`` and ``skip_unread_images`` as in ``rollout_task``. Without an H.264
-    encoder it warns and writes no videos."""
+    ``out/videos/<prefix><task>-<seed>.mp4`` (``-<seed>-<repeat>`` with repeats) with the
+    instruction and privileged progress drawn on them (paths relative to ``out`` in
+    ``result.videos``). Returns the result and the trajectories; ``check``,
+    ``skip_unread_images`` and ``repeats`` as in ``rollout_task``. Without an H.264 encoder it
+    warns and writes no videos."""
     if videos > 0 and not encoder_available():
         warnings.warn("no H.264 encoder (PyAV/FFmpeg): the report has no videos", stacklevel=2)
         videos = 0
@@ -149,12 +153,13 @@ def evaluate_task(
         (Path(out) / "videos").mkdir(parents=True, exist_ok=True)
     trajs = rollout_task(
         task, make_actor, episodes, seed, env_kwargs, workers, videos, check, asynchronous,
-        skip_unread_images,
+        skip_unread_images, repeats,
     )  # fmt: skip
     result = summarize(task, trajs)
-    for traj in trajs[:videos]:
+    for e, traj in enumerate(trajs[:videos]):
         frames = annotate_frames(traj.frames, traj.instruction, traj.info.get("progress"))
-        name = f"videos/{prefix}{task.replace('/', '_')}-{traj.seed}.mp4"
+        repeat = f"-{e % repeats}" if repeats > 1 else ""
+        name = f"videos/{prefix}{task.replace('/', '_')}-{traj.seed}{repeat}.mp4"
         write_video(Path(out) / name, frames, fps=fps)
         result.videos.append(name)
     return result, trajs
@@ -180,6 +185,10 @@ class EvalConfig:
     # policy reaches (DAgger data for `embodied train bc ... init_policy=<this policy>`)
     record_actions: str = setting("executed", choices=RECORDS)
     sample: bool = False  # a saved policy samples as in RL rollouts instead of acting greedily
+    # Episodes per initial state: with sample=true, each seed's success rate under the sampling
+    # noise and how many states it ever solves, i.e. where GRPO's groups can find a success (the
+    # Wilson interval still treats the episodes as independent)
+    repeats: int = setting(1, low=1)
     # A saved policy's config changes, weights unchanged: e.g. GRPO's policy_overrides, to
     # evaluate (or record reward data from) the distribution GRPO samples
     policy_overrides: dict[str, Any] = field(default_factory=dict)
@@ -192,8 +201,12 @@ class EvalConfig:
 
     def check(self) -> None:
         """Videos of episodes that run, seeds that stay in range, overrides for a saved policy."""
-        if self.videos > self.episodes:
-            raise ValueError(f"videos = {self.videos}: expected at most episodes = {self.episodes}")
+        if self.videos > self.episodes * self.repeats:
+            raise ValueError(f"videos = {self.videos}: expected at most episodes x repeats = "
+                             f"{self.episodes * self.repeats}")  # fmt: skip
+        if self.repeats > 1 and not (self.sample and self.policy not in ("expert", "random")):
+            raise ValueError(f"repeats = {self.repeats} runs each initial state again, which "
+                             "only differs when a saved policy samples (sample=true)")  # fmt: skip
         if self.seed + self.episodes - 1 > SEED_MAX:
             raise ValueError(f"seed = {self.seed}: seed + episodes - 1 must be <= {SEED_MAX}")
         if self.policy_overrides and self.policy in ("expert", "random"):
@@ -304,6 +317,7 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
                 videos=cfg.videos,
                 fps=cfg.fps,
                 skip_unread_images=writer is None,  # a recording keeps every image
+                repeats=cfg.repeats,
             )
             if writer is not None:
                 for traj in trajs:
