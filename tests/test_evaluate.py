@@ -69,6 +69,10 @@ def test_summary_counts_a_success_raised_at_any_step() -> None:
         "Push", [replace(t, seed=s) for t, s in zip(trajs, [7, 8, 7], strict=True)]
     )
     assert (repeated.states, repeated.states_solved, repeated.episode_seeds) == (2, 1, [7, 8, 7])
+    # State 7 always succeeds, 8 never: 3 episodes worth 2 (design effect 1.5)
+    assert (repeated.ci_low, repeated.ci_high) == pytest.approx(wilson_interval(1, 2))
+    mixed = [replace(trajs[i], seed=s) for i, s in zip([0, 1, 2, 1], [7, 7, 8, 8], strict=True)]
+    assert summarize("Push", mixed).ci_low == pytest.approx(wilson_interval(2, 4)[0])  # no ICC
     metrics = result.metrics()
     assert metrics["eval/Push/success_rate"] == pytest.approx(2 / 3)
     assert metrics["eval/Push/collisions"] == pytest.approx(4 / 3)

@@ -72,6 +72,29 @@ class EvalResult:
         return out
 
 
+def design_effect(states: Sequence[Any], outcomes: Sequence[bool]) -> float:
+    """Kish's design effect ``1 + (m - 1) * ICC`` of outcomes clustered by initial state (``m``
+    episodes per state on average, ICC from one-way ANOVA, floored at 0): how many times fewer
+    independent episodes the repeats of a state are worth. 1 when every state ran once."""
+    groups: dict[Any, list[float]] = {}
+    for state, won in zip(states, outcomes, strict=True):
+        groups.setdefault(state, []).append(float(won))
+    n, g = len(outcomes), len(groups)
+    m = n / g
+    if m == 1:
+        return 1.0
+    if g < 2:
+        return m  # one state: its repeats are one observation of it, at worst
+    means = {state: np.mean(ys) for state, ys in groups.items()}
+    grand = float(np.mean(outcomes))
+    between = sum(len(ys) * (means[s] - grand) ** 2 for s, ys in groups.items()) / (g - 1)
+    within = sum(sum((y - means[s]) ** 2 for y in ys) for s, ys in groups.items()) / (n - g)
+    if between + (m - 1) * within == 0:
+        return m  # every episode alike: no evidence the repeats are independent
+    icc = max(0.0, (between - within) / (between + (m - 1) * within))
+    return 1.0 + (m - 1) * icc
+
+
 def collisions_per_episode(trajectories: Sequence[Any]) -> float | None:
     """Mean collision steps per episode; None when some episode's env recorded no collisions
     (Meta-World), rather than a made-up 0."""
@@ -89,7 +112,9 @@ def summarize(task: str, trajectories: Sequence[Any]) -> EvalResult:
     seeds = [None if t.seed is None else int(t.seed) for t in trajectories]
     states = [(i,) if seed is None else seed for i, seed in enumerate(seeds)]  # unseeded: its own
     solved = {state for state, won in zip(states, outcomes, strict=True) if won}
-    low, high = wilson_interval(wins, len(outcomes))
+    # Repeats of a state are not independent episodes: Wilson on the effective sample size
+    effective = max(1, round(len(outcomes) / design_effect(states, outcomes)))
+    low, high = wilson_interval(round(wins / len(outcomes) * effective), effective)
     curves = (
         [np.asarray(t.info["progress"], dtype=float).tolist() for t in trajectories]
         if all("progress" in t.info for t in trajectories)

@@ -187,7 +187,7 @@ class EvalConfig:
     sample: bool = False  # a saved policy samples as in RL rollouts instead of acting greedily
     # Episodes per initial state: with sample=true, each seed's success rate under the sampling
     # noise and how many states it ever solves, i.e. where GRPO's groups can find a success (the
-    # Wilson interval still treats the episodes as independent)
+    # Wilson interval then counts the episodes a state's repeats are worth, by design effect)
     repeats: int = setting(1, low=1)
     # A saved policy's config changes, weights unchanged: e.g. GRPO's policy_overrides, to
     # evaluate (or record reward data from) the distribution GRPO samples
