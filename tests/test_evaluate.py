@@ -447,10 +447,11 @@ def test_dagger_into_a_dataset_records_what_it_holds_and_the_policy_reads_its_ca
 
 
 def test_eval_repeats_sample_each_initial_state_again_and_count_the_states_solved(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch
 ) -> None:
     """``repeats`` with ``sample=true`` runs every seed several times with fresh noise (where a
-    sampling RL group can find a success) and the report counts the states ever solved."""
+    sampling RL group can find a success) and the report counts the states ever solved, and
+    those of them the greedy policy fails."""
     from embodied.policies import make_policy
 
     make_policy("mlp", state_dim=4, action_dim=4, init_log_std=-1.0).save_pretrained(tmp_path / "p")
@@ -466,8 +467,25 @@ def test_eval_repeats_sample_each_initial_state_again_and_count_the_states_solve
     assert result.videos == ["videos/Reach-100000-0.mp4", "videos/Reach-100000-1.mp4"]
     report = (run.path / "report.md").read_text()
     assert "2 initial states per task" in report and "3 episodes each" in report
-    row = re.search(r"\| states solved \|\n.*\n\| Reach \| 6 \|.* \| (\d)/2 \|", report)
-    assert row and int(row.group(1)) == result.states_solved, report
+    # The untrained policy's greedy episode fails both states: all its solved states count
+    assert (result.greedy_failed, result.solved_where_greedy_fails) == (2, result.states_solved)
+    row = re.search(
+        r"\| greedy fails, sampled solves \|\n.*\n\| Reach \| 6 \|.* \| (\d)/2 \| (\d)/2 \|", report
+    )
+    assert row and int(row.group(1)) == int(row.group(2)) == result.states_solved, report
+    # Counting on made-up outcomes: greedy fails 5 and 7, sampling solves 5 and 6
+    import embodied.evaluation.suite as suite
+
+    greedy = [
+        replace(_traj([w], [0], [0.0]), seed=s) for s, w in [(5, False), (6, True), (7, False)]
+    ]
+    monkeypatch.setattr(suite, "rollout_task", lambda *args, **kwargs: greedy)
+    made_up = replace(
+        result, episode_seeds=[5, 5, 6, 7], episode_successes=[False, True, True, False]
+    )
+    suite._compare_with_greedy(made_up, "Reach", None, cfg, {})
+    assert (made_up.greedy_failed, made_up.solved_where_greedy_fails) == (2, 1)
+    monkeypatch.undo()
     policy = Policy.from_pretrained(tmp_path / "p").eval()
     sampling = lambda vec: PolicyActor(policy, vec.num_envs, deterministic=False)  # noqa: E731
     trajs = rollout_task("Reach", sampling, 1, 7, {"obs_mode": "state"}, repeats=3)

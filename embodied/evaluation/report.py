@@ -165,14 +165,19 @@ EVAL_HEADERS = (
 
 
 def eval_table(results: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
-    """Headers and one row per task, then the suite average; a ``states solved`` column (initial
-    states with a success in any of their episodes) when some state ran more than once."""
+    """Headers and one row per task, then the suite average; with repeated states, the states
+    solved in any of their episodes, and of the states the greedy policy fails, those solved."""
 
     def number(value: float | None, fmt: str) -> str:
         return "n/a" if value is None else format(value, fmt)
 
+    def share(part: int | None, whole: int | None) -> str:
+        return "n/a" if part is None or whole is None else f"{part}/{whole}"
+
     repeated = any(0 < r.states < r.episodes for r in results)
-    headers = list(EVAL_HEADERS) + (["states solved"] if repeated else [])
+    headers = list(EVAL_HEADERS) + (
+        ["states solved", "greedy fails, sampled solves"] if repeated else []
+    )
     rows = [
         [
             r.task,
@@ -183,7 +188,11 @@ def eval_table(results: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
             number(r.collisions_per_episode, ".2f"),
             number(r.final_progress, ".2f"),
         ]
-        + ([f"{r.states_solved}/{r.states}"] if repeated else [])
+        + (
+            [f"{r.states_solved}/{r.states}", share(r.solved_where_greedy_fails, r.greedy_failed)]
+            if repeated
+            else []
+        )
         for r in results
     ]
     if len(results) > 1:

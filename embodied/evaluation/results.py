@@ -50,6 +50,9 @@ class EvalResult:
     # eval's repeats > 1 and sample=true, where the sampled policy ever succeeds (RL's signal)
     states: int = 0
     states_solved: int = 0
+    # With repeats: the states the greedy policy fails, and how many of them sampling solves
+    greedy_failed: int | None = None
+    solved_where_greedy_fails: int | None = None
     instructions: list[str] = field(default_factory=list)
     videos: list[str] = field(default_factory=list)
     # Per-episode privileged progress curves and outcomes, for the report's plots.

@@ -26,7 +26,7 @@ from embodied.core.policy import Policy
 from embodied.core.run import RunDir, progress_bar, seed_everything
 from embodied.datasets import LeRobotDataset
 from embodied.evaluation.report import write_eval_report
-from embodied.evaluation.results import EvalResult, summarize
+from embodied.evaluation.results import EvalResult, episode_success, summarize
 from embodied.evaluation.video import annotate_frames, encoder_available, write_video
 from embodied.rollout.episodes import (
     RECORDS,
@@ -186,8 +186,9 @@ class EvalConfig:
     record_actions: str = setting("executed", choices=RECORDS)
     sample: bool = False  # a saved policy samples as in RL rollouts instead of acting greedily
     # Episodes per initial state: with sample=true, each seed's success rate under the sampling
-    # noise and how many states it ever solves, i.e. where GRPO's groups can find a success (the
-    # Wilson interval then counts the episodes a state's repeats are worth, by design effect)
+    # noise, how many states it ever solves, and (one greedy episode per state more) how many of
+    # the states the greedy policy fails: where GRPO's groups can find a success that the
+    # evaluated policy lacks (the Wilson interval counts what a state's repeats are worth)
     repeats: int = setting(1, low=1)
     # A saved policy's config changes, weights unchanged: e.g. GRPO's policy_overrides, to
     # evaluate (or record reward data from) the distribution GRPO samples
@@ -322,11 +323,29 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
             if writer is not None:
                 for traj in trajs:
                     writer.add_episode(traj)
+            if cfg.repeats > 1:
+                _compare_with_greedy(result, task, policy, cfg, env_kwargs)
             results.append(result)
             metrics.log(result.metrics(), step)
             bar.update(1)
     write_eval_report(run.path, cfg, results, seconds=time.perf_counter() - started)
     return run, results
+
+
+def _compare_with_greedy(
+    result: EvalResult, task: str, policy: Policy, cfg: EvalConfig, env_kwargs: dict[str, Any]
+) -> None:
+    """Run each state once greedily and count, in ``result``, the states the greedy policy fails
+    and those of them the sampled repeats solve: where RL can improve the evaluated policy."""
+    greedy = rollout_task(
+        task, lambda vec: PolicyActor(policy, vec.num_envs, deterministic=True), cfg.episodes,
+        cfg.seed, env_kwargs, cfg.workers, skip_unread_images=True,
+    )  # fmt: skip
+    failed = {t.seed for t in greedy if not episode_success(t)}
+    solved = {
+        s for s, won in zip(result.episode_seeds, result.episode_successes, strict=True) if won
+    }
+    result.greedy_failed, result.solved_where_greedy_fails = len(failed), len(failed & solved)
 
 
 @contextlib.contextmanager
