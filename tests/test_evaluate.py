@@ -483,10 +483,10 @@ def test_eval_repeats_sample_each_initial_state_again_and_count_the_states_solve
     made_up = replace(
         result, episode_seeds=[5, 5, 6, 7], episode_successes=[False, True, True, False]
     )
-    suite._compare_with_greedy(made_up, "Reach", None, cfg, {})
+    policy = Policy.from_pretrained(tmp_path / "p").eval()
+    suite._compare_with_greedy(made_up, "Reach", policy, cfg, {})
     assert (made_up.greedy_failed, made_up.solved_where_greedy_fails) == (2, 1)
     monkeypatch.undo()
-    policy = Policy.from_pretrained(tmp_path / "p").eval()
     sampling = lambda vec: PolicyActor(policy, vec.num_envs, deterministic=False)  # noqa: E731
     trajs = rollout_task("Reach", sampling, 1, 7, {"obs_mode": "state"}, repeats=3)
     assert [t.seed for t in trajs] == [7, 7, 7]

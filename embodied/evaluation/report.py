@@ -212,10 +212,9 @@ def write_eval_report(
     write_results_json(path / "results.json", cfg, results, created=created, seconds=seconds)
     title = f"Evaluation of {cfg.policy} on {cfg.suite}"
     seeds = f"seeds {cfg.seed}..{cfg.seed + cfg.episodes - 1} (held out)"
-    repeats = getattr(cfg, "repeats", 1)
     per_task = f"{cfg.episodes} episodes per task, {seeds}"
-    if repeats > 1:
-        per_task = f"{cfg.episodes} initial states per task, {seeds}, {repeats} episodes each"
+    if cfg.repeats > 1:
+        per_task = f"{cfg.episodes} initial states per task, {seeds}, {cfg.repeats} episodes each"
     headers, rows = eval_table(results)
     md = [f"# {title}", "", f"{per_task}.", ""]
     md += [markdown_table(headers, rows), "", "![success](success.png)", ""]

@@ -26,7 +26,7 @@ from embodied.core.policy import Policy
 from embodied.core.run import RunDir, progress_bar, seed_everything
 from embodied.datasets import LeRobotDataset
 from embodied.evaluation.report import write_eval_report
-from embodied.evaluation.results import EvalResult, episode_success, summarize
+from embodied.evaluation.results import EvalResult, summarize
 from embodied.evaluation.video import annotate_frames, encoder_available, write_video
 from embodied.rollout.episodes import (
     RECORDS,
@@ -337,11 +337,10 @@ def _compare_with_greedy(
 ) -> None:
     """Run each state once greedily and count, in ``result``, the states the greedy policy fails
     and those of them the sampled repeats solve: where RL can improve the evaluated policy."""
-    greedy = rollout_task(
-        task, lambda vec: PolicyActor(policy, vec.num_envs, deterministic=True), cfg.episodes,
-        cfg.seed, env_kwargs, cfg.workers, skip_unread_images=True,
-    )  # fmt: skip
-    failed = {t.seed for t in greedy if not episode_success(t)}
+    greedy = evaluate_policy(policy, task, cfg.episodes, cfg.seed, env_kwargs, cfg.workers)
+    failed = {
+        s for s, won in zip(greedy.episode_seeds, greedy.episode_successes, strict=True) if not won
+    }
     solved = {
         s for s, won in zip(result.episode_seeds, result.episode_successes, strict=True) if won
     }
