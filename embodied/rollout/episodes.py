@@ -410,3 +410,18 @@ def decision_windows(traj: Trajectory, spec: ObservationSpec) -> dict[str, np.nd
         )
     features = read_features(env_observation_features(traj.observations), spec.read_keys())
     return {key: value[index] for key, value in features.items()}
+
+
+def decision_bc_windows(traj: Trajectory, spec: ObservationSpec, horizon: int) -> dict[str, Any]:
+    """The trajectory's recorded decisions cut as ``BCDataset`` cuts a demonstration: each
+    decision's observation window (``decision_windows``), the executed actions
+    ``s - n + 1 .. s - n + horizon`` (``[K, horizon, A]``, the nearest real one repeated outside
+    the episode) and ``action_is_pad`` marking those, so a policy's BC loss can fit its own
+    rollout."""
+    windows: dict[str, Any] = dict(decision_windows(traj, spec))
+    steps = np.asarray(traj.decision_steps, dtype=np.int64)
+    index = steps[:, None] - (spec.n_obs_steps - 1) + np.arange(horizon)[None, :]
+    executed = len(traj.actions)
+    windows["action"] = np.asarray(traj.actions, dtype=np.float32)[np.clip(index, 0, executed - 1)]
+    windows["action_is_pad"] = (index < 0) | (index >= executed)
+    return windows

@@ -1,16 +1,28 @@
-"""A behaviour-cloning anchor for on-policy fine-tuning: every update adds the policy's own BC
-loss on a batch of expert windows (DAPG's augmented policy gradient, Rajeswaran et al. 2018)::
+"""Behaviour-cloning terms for on-policy fine-tuning: every update may add the policy's own BC
+loss on a batch of windows, from expert demonstrations (an anchor) or from the policy's own
+rollouts that beat their group (self-imitation)::
 
-    L = L_RL + anchor_coef * L_BC(expert windows of every task in the dataset)
+    L = L_RL + anchor_coef * L_BC(expert windows) + imitate_coef * L_BC(own windows, A > 0)
 
-A multi-task policy fine-tuned on some of its tasks moves weights that all of them share; the KL
-term only covers the decisions it sampled, so the tasks left out of training can collapse. The
-anchor's batches come from all the dataset's tasks and pull the policy back wherever it leaves
-the demonstrations. Its batches are a pure function of (seed, iteration), so a resumed run sees
-the ones the uninterrupted run would have seen.
+``DemoAnchor`` is DAPG's augmented policy gradient (Rajeswaran et al. 2018): a multi-task policy
+fine-tuned on some of its tasks moves weights that all of them share, the KL term only covers the
+decisions it sampled, so the tasks left out of training can collapse; the anchor's batches come
+from all the dataset's tasks and pull the policy back wherever it leaves the demonstrations.
+
+``SelfImitation`` is Self-Imitation Learning (Oh et al. 2018) with the group mean as the
+baseline: the windows of the iteration's trajectories whose advantage is positive. The clipped
+ratio moves the probability of the sampled denoising chain, a few percent an iteration; the BC
+loss moves what the policy predicts from the observation, so the greedy action the evaluation
+runs goes where the sampled successes went.
+
+Both draw their batches with the update's generator, so a resumed run sees the ones the
+uninterrupted run would have seen.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,6 +30,7 @@ import torch
 from embodied.core.policy import Policy
 from embodied.datasets import LeRobotDataset
 from embodied.datasets.training import BCDataset
+from embodied.rollout.episodes import decision_bc_windows
 from embodied.train.loop import load_batch
 
 
@@ -43,3 +56,32 @@ class DemoAnchor:
         """``policy.bc_loss`` on ``batch_size`` windows drawn with ``rng``, on its device."""
         idx = rng.integers(0, len(self.windows), size=self.batch_size)
         return policy.bc_loss(load_batch(self.windows, idx, policy.device))
+
+
+class SelfImitation:
+    """The BC windows of every decision of the trajectories with a positive advantage."""
+
+    def __init__(
+        self, trajs: Sequence[Any], advantages: np.ndarray, policy: Policy, batch_size: int
+    ) -> None:
+        self.batch_size = batch_size
+        spec, horizon = policy.observation_spec, policy.bc_horizon
+        chosen = [t for t, a in zip(trajs, advantages, strict=True) if a > 0]
+        parts = [decision_bc_windows(t, spec, horizon) for t in chosen]
+        self.windows = (
+            {key: np.concatenate([p[key] for p in parts]) for key in parts[0]} if parts else {}
+        )
+        self.instructions = [t.instruction for t in chosen for _ in range(t.num_decisions)]
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+    def loss(self, policy: Policy, rng: np.random.Generator) -> torch.Tensor:
+        """``policy.bc_loss`` on ``batch_size`` windows drawn with ``rng``, on its device."""
+        idx = rng.integers(0, len(self), size=self.batch_size)
+        batch: dict[str, Any] = {
+            key: torch.from_numpy(np.ascontiguousarray(value[idx])).to(policy.device)
+            for key, value in self.windows.items()
+        }
+        batch["instruction"] = [self.instructions[i] for i in idx]
+        return policy.bc_loss(batch)

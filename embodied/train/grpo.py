@@ -32,11 +32,14 @@ bottom:
 
        L_clip = -min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A)
        k3     = exp(logp_ref - logp) - (logp_ref - logp) - 1       (KL to the frozen start)
-       L      = agg(L_clip) + kl_coef * agg(k3) + anchor_coef * L_BC
+       L      = agg(L_clip) + kl_coef * agg(k3) + anchor_coef * L_BC(demos)
+                + imitate_coef * L_BC(own windows with A > 0)
 
-   ``L_BC`` is the policy's BC loss on a batch of expert windows of ``anchor_dataset``
+   ``L_BC(demos)`` is the policy's BC loss on a batch of expert windows of ``anchor_dataset``
    (``embodied.train.anchor``; DAPG's augmented gradient): it keeps a multi-task policy's
    untrained tasks where the demonstrations put them while shared weights move for the others.
+   ``L_BC(own windows)`` is self-imitation: the BC loss on the iteration's decisions whose
+   trajectory beat its group, which moves the greedy action toward the sampled successes.
 
    ``agg`` is ``token-mean`` (over all elements), ``seq-mean-token-mean`` (elements of a
    decision, then decisions), ``traj-mean`` (elements of a trajectory, then trajectories:
@@ -66,7 +69,7 @@ from embodied.core.reward import ProgressScore
 from embodied.core.run import RunDir
 from embodied.rewards.models import PrivilegedProgress, make_reward_model
 from embodied.rewards.returns import TrajectoryScore
-from embodied.train.anchor import DemoAnchor
+from embodied.train.anchor import DemoAnchor, SelfImitation
 from embodied.train.loop import Trainer, begin, load_policy
 from embodied.train.monitor import RewardMonitor, reward_correlation, success_ranking
 from embodied.train.onpolicy import (
@@ -109,6 +112,9 @@ class GRPOConfig(OnPolicyConfig):
     anchor_dataset: str = ""  # expert demonstrations (LeRobot) for the BC anchor
     anchor_coef: float = setting(0.0, low=0.0)  # its weight; 0: no anchor
     anchor_batch_size: int = setting(32, low=1)  # its windows per minibatch
+    imitate_coef: float = setting(0.0, low=0.0)  # self-imitation: the BC loss on decisions of
+    # the iteration's trajectories with a positive advantage; 0: none
+    imitate_batch_size: int = setting(32, low=1)  # its windows per minibatch
     hard_states: int = setting(0, low=0)  # k: each group's initial state is one of k candidates
     # the greedy policy fails, found by running them once deterministically (0: as drawn)
     loss_agg: str = setting("token-mean", choices=AGGREGATIONS)
@@ -390,6 +396,10 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 log["update/entropy_proxy"] = float(-data.old_log_prob.sum(-1).mean())
                 # traj-mean's weights: 1 / the real elements of the decision's trajectory
                 elements = trajectory_totals(data.mask.sum(-1).float(), data.trajectory, len(kept))
+                imitation = None
+                if cfg.imitate_coef > 0:  # kept groups' returns differ: some beat their mean
+                    imitation = SelfImitation(kept, advantages, policy, cfg.imitate_batch_size)
+                    log["update/imitate_decisions"] = float(len(imitation))
 
                 # 5. epochs of minibatches
                 t2 = time.perf_counter()
@@ -429,6 +439,10 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                             bc = anchor.loss(policy, rng)
                             loss = loss + cfg.anchor_coef * bc
                             st["anchor_loss"] = float(bc.detach())
+                        if imitation is not None:
+                            own = imitation.loss(policy, rng)
+                            loss = loss + cfg.imitate_coef * own
+                            st["imitate_loss"] = float(own.detach())
                         where = f"GRPO loss at iteration {iteration}"
                         st["grad_norm"] = trainer.update(loss, where, step_schedule=False)
                         stats.append(st)

@@ -267,7 +267,8 @@ class DiffusionPolicy(AuxStateTarget, ChunkedPolicy, NormalizedPolicy):
         """What every planner's BC loss starts from: the live network, its conditioning
         ``[B, G]``, the normalised action chunk ``[B, horizon, A]``, a keep-mask of the same
         shape (0 where ``action_is_pad``) and the weighted auxiliary loss (0 without one: the
-        MSE of the environment state predicted from the images, normalised)."""
+        MSE of the environment state predicted from the images, normalised; 0 too for a batch
+        without that target, e.g. GRPO's self-imitation windows of the policy's own rollouts)."""
         config = self.config
         net = self.model
         actions = torch.as_tensor(batch["action"], device=self.device, dtype=torch.float32)
@@ -283,7 +284,7 @@ class DiffusionPolicy(AuxStateTarget, ChunkedPolicy, NormalizedPolicy):
             net, batch, batch["instruction"], config.state_noise, config.image_shift
         )
         aux = cond.new_zeros(())
-        if config.aux_state_weight > 0:
+        if config.aux_state_weight > 0 and ENV_STATE_KEY in batch:  # rollouts' windows lack it
             target = self._window(batch, ENV_STATE_KEY, config.aux_state_dim)
             aux = net.state_head.loss(
                 predicted, target, self.aux_state_normalizer, config.aux_state_weight
