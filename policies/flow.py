@@ -195,10 +195,10 @@ class FlowPolicy(DiffusionPolicy):
         return torch.sigmoid(torch.randn(batch, device=device))
 
     # --- training -----------------------------------------------------------------------------
-    def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
+    def bc_loss(self, batch: Mapping[str, Any], auxiliary: bool = True) -> torch.Tensor:
         """Flow-matching loss: MSE between predicted and true velocity, masked by
         ``action_is_pad`` (formula in the module docstring)."""
-        net, cond, x1, keep, aux = self.bc_inputs(batch)
+        net, cond, x1, keep, aux = self.bc_inputs(batch, auxiliary)
         x0 = torch.randn_like(x1)
         tau = self.sample_tau(x1.shape[0])
         t = tau.view(-1, 1, 1)

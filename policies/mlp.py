@@ -219,8 +219,9 @@ class MLPPolicy(NormalizedPolicy):
             )
         return self._gaussian_log_density(sample, mean, log_std)
 
-    def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """Mean Gaussian NLL of the action executed at each window's newest observation."""
+    def bc_loss(self, batch: Mapping[str, Any], auxiliary: bool = True) -> torch.Tensor:
+        """Mean Gaussian NLL of the action executed at each window's newest observation (no
+        auxiliary target)."""
         mean, log_std = self.distribution(batch)
         n_obs = batch[STATE_KEY].shape[1] if batch[STATE_KEY].ndim == 3 else 1
         action = torch.as_tensor(batch["action"], device=self.device, dtype=torch.float32)

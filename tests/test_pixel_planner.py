@@ -352,8 +352,13 @@ def test_auxiliary_state_is_a_training_target_only(tmp_path):
     torch.manual_seed(1)
     moved = policy.bc_loss({**data, ENV_STATE_KEY: data[ENV_STATE_KEY] + 1.0})
     assert moved > loss
+    own = inputs(data, policy) | {k: data[k] for k in ("action", "instruction")}
     with pytest.raises(ValueError, match="environment_state"):
-        policy.bc_loss(inputs(data, policy) | {k: data[k] for k in ("action", "instruction")})
+        policy.bc_loss(own)
+    torch.manual_seed(1)  # a rollout's windows (GRPO's self-imitation): the denoising term only
+    denoise = policy.bc_loss(own, auxiliary=False)
+    assert float(policy.bc_terms["aux_state"]) == 0.0
+    torch.testing.assert_close(denoise, policy.bc_terms["denoise"])
 
     policy.save_pretrained(tmp_path / "policy")
     loaded = Policy.from_pretrained(tmp_path / "policy").eval()

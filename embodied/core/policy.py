@@ -126,8 +126,10 @@ class Policy(nn.Module, abc.ABC):
         """Per-token / per-denoising-step log-probabilities ``[B, K]`` of recorded decisions."""
 
     @abc.abstractmethod
-    def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """Behaviour-cloning loss of a batch from ``embodied.datasets.training.BCDataset``."""
+    def bc_loss(self, batch: Mapping[str, Any], auxiliary: bool = True) -> torch.Tensor:
+        """Behaviour-cloning loss of a batch from ``embodied.datasets.training.BCDataset``;
+        ``auxiliary=False`` leaves out any training-only target (e.g. the environment state a
+        pixel policy learns to predict), for windows that hold none: the policy's own rollouts."""
 
     @classmethod
     @abc.abstractmethod

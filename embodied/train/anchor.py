@@ -13,7 +13,8 @@ from all the dataset's tasks and pull the policy back wherever it leaves the dem
 baseline: the windows of the iteration's trajectories whose advantage is positive. The clipped
 ratio moves the probability of the sampled denoising chain, a few percent an iteration; the BC
 loss moves what the policy predicts from the observation, so the greedy action the evaluation
-runs goes where the sampled successes went.
+runs goes where the sampled successes went. A rollout holds what the policy read and nothing of
+the simulator's state, so training-only targets (``bc_loss(auxiliary=False)``) are left out.
 
 Both draw their batches with the update's generator, so a resumed run sees the ones the
 uninterrupted run would have seen.
@@ -84,4 +85,4 @@ class SelfImitation:
             for key, value in self.windows.items()
         }
         batch["instruction"] = [self.instructions[i] for i in idx]
-        return policy.bc_loss(batch)
+        return policy.bc_loss(batch, auxiliary=False)  # a rollout has no training-only target

@@ -262,13 +262,13 @@ class DiffusionPolicy(AuxStateTarget, ChunkedPolicy, NormalizedPolicy):
 
     # --- training -----------------------------------------------------------------------------
     def bc_inputs(
-        self, batch: Mapping[str, Any]
+        self, batch: Mapping[str, Any], auxiliary: bool = True
     ) -> tuple[DiffusionNet, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """What every planner's BC loss starts from: the live network, its conditioning
         ``[B, G]``, the normalised action chunk ``[B, horizon, A]``, a keep-mask of the same
         shape (0 where ``action_is_pad``) and the weighted auxiliary loss (0 without one: the
-        MSE of the environment state predicted from the images, normalised; 0 too for a batch
-        without that target, e.g. GRPO's self-imitation windows of the policy's own rollouts)."""
+        MSE of the environment state predicted from the images, normalised; 0 when not
+        ``auxiliary``)."""
         config = self.config
         net = self.model
         actions = torch.as_tensor(batch["action"], device=self.device, dtype=torch.float32)
@@ -284,7 +284,7 @@ class DiffusionPolicy(AuxStateTarget, ChunkedPolicy, NormalizedPolicy):
             net, batch, batch["instruction"], config.state_noise, config.image_shift
         )
         aux = cond.new_zeros(())
-        if config.aux_state_weight > 0 and ENV_STATE_KEY in batch:  # rollouts' windows lack it
+        if config.aux_state_weight > 0 and auxiliary:
             target = self._window(batch, ENV_STATE_KEY, config.aux_state_dim)
             aux = net.state_head.loss(
                 predicted, target, self.aux_state_normalizer, config.aux_state_weight
@@ -327,9 +327,9 @@ class DiffusionPolicy(AuxStateTarget, ChunkedPolicy, NormalizedPolicy):
         """``sum(keep * (prediction - target)^2) / sum(keep)``."""
         return ((prediction - target) ** 2 * keep).sum() / keep.sum().clamp(min=1.0)
 
-    def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
+    def bc_loss(self, batch: Mapping[str, Any], auxiliary: bool = True) -> torch.Tensor:
         """DDPM loss: MSE between predicted and true noise (or x_0), masked by ``action_is_pad``."""
-        net, cond, x0, keep, aux = self.bc_inputs(batch)
+        net, cond, x0, keep, aux = self.bc_inputs(batch, auxiliary)
         noise = torch.randn_like(x0)
         t = torch.randint(0, self.config.num_train_timesteps, (x0.shape[0],), device=x0.device)
         x_t = self.noise_scheduler.add_noise(x0, noise, t)

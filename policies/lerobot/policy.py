@@ -359,8 +359,9 @@ class LeRobotPolicy(Policy):
         )  # fmt: skip
         return self.chain.log_probs(context, t, x, x_next, k).reshape(-1, k)
 
-    def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """LeRobot's own training loss (its policy's ``forward``) of a toolkit BC batch."""
+    def bc_loss(self, batch: Mapping[str, Any], auxiliary: bool = True) -> torch.Tensor:
+        """LeRobot's own training loss (its policy's ``forward``) of a toolkit BC batch (no
+        auxiliary target of ours)."""
         lerobot_batch = self.lerobot_batch(batch, batch["instruction"], action=batch["action"])
         if "action_is_pad" in batch:
             pad = torch.as_tensor(batch["action_is_pad"], dtype=torch.bool, device=self.device)

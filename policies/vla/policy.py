@@ -399,10 +399,10 @@ class VLAPolicy(AuxStateTarget, ActionTokenizer, ChunkedPolicy):
         log_p = torch.log_softmax(logits.float(), dim=-1)
         return log_p.gather(-1, (ids - self.action_token_start)[..., None]).squeeze(-1)
 
-    def bc_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
+    def bc_loss(self, batch: Mapping[str, Any], auxiliary: bool = True) -> torch.Tensor:
         """Cross-entropy of the expert chunk's action tokens (temperature 1), pads masked out,
-        plus the auxiliary state target's weighted MSE (``aux_state_weight > 0``, where the batch
-        holds that target: GRPO's self-imitation windows of the policy's own rollouts do not)."""
+        plus the auxiliary state target's weighted MSE (``aux_state_weight > 0`` and
+        ``auxiliary``)."""
         config = self.config
         if "instruction" not in batch or "action" not in batch:
             raise ValueError(f"batch needs 'action' and 'instruction'; keys: {sorted(batch)}")
@@ -442,7 +442,7 @@ class VLAPolicy(AuxStateTarget, ActionTokenizer, ChunkedPolicy):
             keep = torch.ones_like(ids, dtype=torch.bool)
         keep = keep.to(nll.dtype)
         loss = (nll * keep).sum() / keep.sum().clamp(min=1.0)
-        if config.aux_state_weight > 0 and ENV_STATE_KEY in batch:  # rollouts' windows lack it
+        if config.aux_state_weight > 0 and auxiliary:
             trailing = (config.aux_state_dim,)
             target = newest_step(batch, ENV_STATE_KEY, trailing, torch.float32, self.device)
             aux = self.state_head.loss(
