@@ -345,9 +345,12 @@ def test_eval_repeats_sample_each_initial_state_again_and_count_the_states_solve
     # The untrained policy's greedy episode fails both states: all its solved states count
     assert (result.greedy_failed, result.solved_where_greedy_fails) == (2, result.states_solved)
     row = re.search(
-        r"\| greedy fails, sampled solves \|\n.*\n\| Reach \| 6 \|.* \| (\d)/2 \| (\d)/2 \|", report
+        r"\| sampled where greedy fails \|\n.*\n"
+        r"\| Reach \| 6 \|.* \| (\d)/2 \| (\d)/2 \| 0% \| (\d+)% \|",
+        report,
     )
     assert row and int(row.group(1)) == int(row.group(2)) == result.states_solved, report
+    assert int(row.group(3)) == round(100 * result.success_rate), report  # every state failed
     # Counting on made-up outcomes: greedy fails 5 and 7, sampling solves 5 and 6
     import embodied.evaluation.suite as suite
 
@@ -361,6 +364,8 @@ def test_eval_repeats_sample_each_initial_state_again_and_count_the_states_solve
     policy = Policy.from_pretrained(tmp_path / "p").eval()
     suite._compare_with_greedy(made_up, "Reach", policy, cfg, {})
     assert (made_up.greedy_failed, made_up.solved_where_greedy_fails) == (2, 1)
+    assert made_up.greedy_success_rate == pytest.approx(1 / 3)
+    assert made_up.sampled_where_greedy_fails == pytest.approx(1 / 3)  # 3 episodes of 5 and 7
     monkeypatch.undo()
     sampling = lambda vec: PolicyActor(policy, vec.num_envs, deterministic=False)  # noqa: E731
     trajs = rollout_task("Reach", sampling, 1, 7, {"obs_mode": "state"}, repeats=3)

@@ -166,7 +166,8 @@ EVAL_HEADERS = (
 
 def eval_table(results: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
     """Headers and one row per task, then the suite average; with repeated states, the states
-    solved in any of their episodes, and of the states the greedy policy fails, those solved."""
+    solved in any of their episodes, the greedy policy's success (one episode a state), of the
+    states it fails those solved, and the sampled success rate on their episodes."""
 
     def number(value: float | None, fmt: str) -> str:
         return "n/a" if value is None else format(value, fmt)
@@ -176,7 +177,9 @@ def eval_table(results: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
 
     repeated = any(0 < r.states < r.episodes for r in results)
     headers = list(EVAL_HEADERS) + (
-        ["states solved", "greedy fails, sampled solves"] if repeated else []
+        ["states solved", "greedy fails, sampled solves", "greedy", "sampled where greedy fails"]
+        if repeated
+        else []
     )
     rows = [
         [
@@ -189,7 +192,12 @@ def eval_table(results: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
             number(r.final_progress, ".2f"),
         ]
         + (
-            [f"{r.states_solved}/{r.states}", share(r.solved_where_greedy_fails, r.greedy_failed)]
+            [
+                f"{r.states_solved}/{r.states}",
+                share(r.solved_where_greedy_fails, r.greedy_failed),
+                number(r.greedy_success_rate, ".0%"),
+                number(r.sampled_where_greedy_fails, ".0%"),
+            ]
             if repeated
             else []
         )

@@ -50,9 +50,12 @@ class EvalResult:
     # eval's repeats > 1 and sample=true, where the sampled policy ever succeeds (RL's signal)
     states: int = 0
     states_solved: int = 0
-    # With repeats: the states the greedy policy fails, and how many of them sampling solves
+    # With repeats: the greedy policy's success rate (one episode per state), the states it
+    # fails, how many of them sampling solves, and the sampled success rate on their episodes
+    greedy_success_rate: float | None = None
     greedy_failed: int | None = None
     solved_where_greedy_fails: int | None = None
+    sampled_where_greedy_fails: float | None = None
     instructions: list[str] = field(default_factory=list)
     videos: list[str] = field(default_factory=list)
     # Per-episode privileged progress curves and outcomes, for the report's plots.
@@ -72,6 +75,12 @@ class EvalResult:
             out[f"{prefix}/{self.task}/collisions"] = self.collisions_per_episode
         if self.final_progress is not None:
             out[f"{prefix}/{self.task}/final_progress"] = self.final_progress
+        if self.greedy_success_rate is not None:
+            out[f"{prefix}/{self.task}/greedy_success_rate"] = self.greedy_success_rate
+        if self.sampled_where_greedy_fails is not None:
+            out[f"{prefix}/{self.task}/sampled_where_greedy_fails"] = (
+                self.sampled_where_greedy_fails
+            )
         return out
 
 

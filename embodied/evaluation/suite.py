@@ -335,8 +335,9 @@ def run_eval(cfg: EvalConfig) -> tuple[Any, list[EvalResult]]:
 def _compare_with_greedy(
     result: EvalResult, task: str, policy: Policy, cfg: EvalConfig, env_kwargs: dict[str, Any]
 ) -> None:
-    """Run each state once greedily and count, in ``result``, the states the greedy policy fails
-    and those of them the sampled repeats solve: where RL can improve the evaluated policy."""
+    """Run each state once greedily and record in ``result`` its success rate, the states it
+    fails, those of them the sampled repeats solve and the sampled success rate on them: where RL
+    can improve the evaluated policy."""
     greedy = evaluate_policy(policy, task, cfg.episodes, cfg.seed, env_kwargs, cfg.workers)
     failed = {
         s for s, won in zip(greedy.episode_seeds, greedy.episode_successes, strict=True) if not won
@@ -345,6 +346,10 @@ def _compare_with_greedy(
         s for s, won in zip(result.episode_seeds, result.episode_successes, strict=True) if won
     }
     result.greedy_failed, result.solved_where_greedy_fails = len(failed), len(failed & solved)
+    result.greedy_success_rate = greedy.success_rate
+    there = [won for s, won in zip(result.episode_seeds, result.episode_successes, strict=True)
+             if s in failed]  # fmt: skip
+    result.sampled_where_greedy_fails = float(np.mean(there)) if there else None
 
 
 @contextlib.contextmanager
