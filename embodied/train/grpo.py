@@ -400,6 +400,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 if cfg.imitate_coef > 0:  # kept groups' returns differ: some beat their mean
                     imitation = SelfImitation(kept, advantages, policy, cfg.imitate_batch_size)
                     log["update/imitate_decisions"] = float(len(imitation))
+                    imitation = imitation if len(imitation) else None
 
                 # 5. epochs of minibatches
                 t2 = time.perf_counter()
