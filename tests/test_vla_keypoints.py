@@ -217,8 +217,12 @@ def test_predicted_object_tokens_train_on_a_state_the_policy_never_reads(tmp_pat
     torch.testing.assert_close(loss, policy.bc_terms["action_nll"] + policy.bc_terms["aux_state"])
     moved = {**data, "observation.environment_state": data["observation.environment_state"] + 1}
     assert policy.bc_loss(moved) > loss
+    own = {k: v for k, v in data.items() if k != "observation.environment_state"}
     with pytest.raises(ValueError, match="observation.environment_state"):
-        policy.bc_loss({k: v for k, v in data.items() if k != "observation.environment_state"})
+        policy.bc_loss(own)
+    nll = policy.bc_loss(own, auxiliary=False)  # a rollout's windows (GRPO's self-imitation)
+    assert set(policy.bc_terms) == {"action_nll"}  # no term left from the call before
+    torch.testing.assert_close(nll, policy.bc_terms["action_nll"])
 
     # ... and acting reads only the prediction: exact log-probs, gradients through the head.
     out = policy.act(obs, data["instruction"], False, generator=torch.Generator().manual_seed(2))

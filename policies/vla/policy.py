@@ -442,12 +442,13 @@ class VLAPolicy(AuxStateTarget, ActionTokenizer, ChunkedPolicy):
             keep = torch.ones_like(ids, dtype=torch.bool)
         keep = keep.to(nll.dtype)
         loss = (nll * keep).sum() / keep.sum().clamp(min=1.0)
+        self.bc_terms = {"action_nll": loss.detach()}  # this call's terms only
         if config.aux_state_weight > 0 and auxiliary:
             trailing = (config.aux_state_dim,)
             target = newest_step(batch, ENV_STATE_KEY, trailing, torch.float32, self.device)
             aux = self.state_head.loss(
                 predicted, target, self.aux_state_normalizer, config.aux_state_weight
             )
-            self.bc_terms = {"action_nll": loss.detach(), "aux_state": aux.detach()}
+            self.bc_terms["aux_state"] = aux.detach()
             loss = loss + aux
         return loss
