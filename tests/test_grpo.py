@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from tiny_policies import STATS, TASK_WORDS, tiny_policies
 
-from embodied.core.nn import build_vocab
 from embodied.policies import make_policy
 from embodied.rewards import ProgressConfig, ProgressRewardModel
 from embodied.rollout.backends import LocalRollouts
@@ -32,42 +32,6 @@ from embodied.train.onpolicy import (
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-TASK_WORDS = build_vocab(
-    ["reach the red block", "touch the blue block", "move to the yellow block"]
-)
-STATE_STATS = {"mean": np.zeros(4), "std": np.full(4, 0.1)}
-ENV_STATS = {"mean": np.zeros(39), "std": np.ones(39)}
-ACTION_STATS = {"min": -np.ones(4), "max": np.ones(4), "q01": -np.ones(4), "q99": np.ones(4)}
-STATS = {
-    "observation.state": STATE_STATS,
-    "observation.environment_state": ENV_STATS,
-    "action": ACTION_STATS,
-}
-
-
-# --- the importance ratio is 1 before the first update, for every policy ---------------------
-def _policies():
-    mlp = make_policy("mlp", state_dim=4, action_dim=4, hidden=[32])
-    diffusion = make_policy(
-        "diffusion", state_dim=4, action_dim=4, image_keys=["observation.image"], image_size=32,
-        n_obs_steps=2, horizon=8, n_action_steps=4, vocab=TASK_WORDS, embed_dim=16,
-        down_dims=[16, 32], vision_channels=[8, 16], num_keypoints=8, num_train_timesteps=20,
-        num_inference_steps=5, finetune_steps=3,
-    )  # fmt: skip
-    flow = make_policy(
-        "flow", state_dim=4, action_dim=4, image_keys=["observation.image"], image_size=32,
-        n_obs_steps=2, horizon=8, n_action_steps=4, vocab=TASK_WORDS, embed_dim=16,
-        down_dims=[16, 32], vision_channels=[8, 16], num_keypoints=8, noise_hidden_dims=[32],
-        num_inference_steps=2,
-    )  # fmt: skip
-    vla = make_policy(
-        "vla", action_dim=4, state_dim=4, image_size=32, patch_size=16, horizon=2,
-        n_action_steps=2, n_bins=16, vocab=TASK_WORDS[1:], max_instruction_tokens=6,
-        vision_hidden_size=32, vision_layers=1, vision_heads=2, vision_intermediate_size=64,
-        hidden_size=32, text_layers=1, text_heads=2, text_intermediate_size=64,
-    )  # fmt: skip
-    return {"mlp": mlp, "diffusion": diffusion, "flow": flow, "vla": vla}  # built fresh each time
 
 
 def test_monitor_tracks_curves_when_every_rollout_succeeds() -> None:
@@ -96,10 +60,11 @@ def test_success_ranking_counts_pairs_within_groups() -> None:
     assert math.isnan(success_ranking(np.ones(4), np.arange(4.0), 4))  # no failure to rank
 
 
+# --- the importance ratio is 1 before the first update, for every policy ---------------------
 @pytest.mark.parametrize("kind", ["mlp", "diffusion", "flow", "vla"])
 def test_ratio_is_one_before_the_first_update(kind: str) -> None:
     torch.manual_seed(0)
-    policy = _policies()[kind].fit_normalizers(STATS).eval()
+    policy = tiny_policies()[kind].fit_normalizers(STATS).eval()
     rollouts = LocalRollouts("Reach", {"image_size": 32, "max_episode_steps": 12}, policy, 4)
     try:
         trajs = rollout_groups(rollouts, [3, 4], group_size=2, sample_seed=0)
@@ -129,7 +94,7 @@ def test_step_blocks_recompute_exactly_the_chain_steps_they_keep(kind: str, size
     """update_steps: each decision keeps one aligned block of ``size`` of its K recorded steps,
     every block as likely; the policy recomputes just those, ratio 1 before any update."""
     torch.manual_seed(0)
-    policy = _policies()[kind].fit_normalizers(STATS).eval()
+    policy = tiny_policies()[kind].fit_normalizers(STATS).eval()
     rollouts = LocalRollouts("Reach", {"image_size": 32, "max_episode_steps": 8}, policy, 2)
     try:
         trajs = rollout_groups(rollouts, [0], group_size=2, sample_seed=0)
@@ -161,7 +126,7 @@ def test_step_blocks_recompute_exactly_the_chain_steps_they_keep(kind: str, size
 def test_step_blocks_are_refused_for_policies_without_a_chain_they_tile() -> None:
     from embodied.train.onpolicy import check_step_blocks
 
-    policies = _policies()
+    policies = tiny_policies()
     check_step_blocks(policies["mlp"], 0)  # off: any policy
     check_step_blocks(policies["diffusion"], 3)
     with pytest.raises(ValueError, match="update_steps = 2 recomputes blocks of denoising steps; "
@@ -175,7 +140,7 @@ def test_step_blocks_are_refused_for_policies_without_a_chain_they_tile() -> Non
 
 
 def test_drifted_recomputation_stops_with_a_message() -> None:
-    policy = _policies()["mlp"].fit_normalizers(STATS).eval()
+    policy = tiny_policies()["mlp"].fit_normalizers(STATS).eval()
     rollouts = LocalRollouts("Reach", {"obs_mode": "state", "max_episode_steps": 5}, policy, 2)
     try:
         trajs = rollout_groups(rollouts, [0], group_size=2, sample_seed=0)
@@ -302,7 +267,7 @@ def test_groups_take_the_tasks_in_turn_and_one_task_rolls_out_as_before() -> Non
     """Group g runs on tasks[g % n] from seeds[g]; on one task the trajectories are the ones its
     backend gives for the same seeds and sampling seed."""
     torch.manual_seed(0)
-    policy = _policies()["mlp"].fit_normalizers(STATS).eval()
+    policy = tiny_policies()["mlp"].fit_normalizers(STATS).eval()
     options = {"obs_mode": "state", "max_episode_steps": 6}
     cfg = GRPOConfig(group_size=2)
     both = TaskGroups(cfg, {"Reach": options, "Push": options}, policy, groups=3)
@@ -371,7 +336,7 @@ def test_grpo_trains_a_planner_recomputing_one_block_of_its_chain(saved, tmp_pat
     """update_steps=1 on a planner of 3 fine-tuned steps: every minibatch recomputes one step
     per decision, the ratio is 1 before the first update, and the planner is updated."""
     torch.manual_seed(0)
-    _policies()["diffusion"].fit_normalizers(STATS).save_pretrained(tmp_path / "planner")
+    tiny_policies()["diffusion"].fit_normalizers(STATS).save_pretrained(tmp_path / "planner")
     ProgressRewardModel(  # an untrained model: returns that differ within a group
         ProgressConfig(image_size=32, vocab=TASK_WORDS, vision_channels=[4, 8], num_keypoints=4,
                        d_model=16, n_heads=2, n_layers=1, ff_dim=32, num_bins=8)
@@ -559,7 +524,7 @@ def test_hard_states_start_groups_where_the_greedy_policy_fails(saved, tmp_path:
         def close(self) -> None:
             pass
 
-    policy = _policies()["mlp"].fit_normalizers(STATS).eval()
+    policy = tiny_policies()["mlp"].fit_normalizers(STATS).eval()
     options = {"obs_mode": "state", "max_episode_steps": 6}
     groups = TaskGroups(GRPOConfig(group_size=2), {"Reach": options, "Push": options}, policy, 3)
     groups.close()

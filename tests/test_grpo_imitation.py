@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_policies import STATS, TASK_WORDS, tiny_policies
 
-from embodied.core.nn import build_vocab
 from embodied.core.run import read_metrics
-from embodied.policies import make_policy
 from embodied.rewards import ProgressConfig, ProgressRewardModel
 from embodied.rollout.backends import LocalRollouts
 from embodied.rollout.episodes import decision_windows
@@ -22,39 +21,11 @@ from embodied.train.onpolicy import rollout_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-WORDS = build_vocab(["reach the red block"])
-STATS = {
-    "observation.state": {"mean": np.zeros(4), "std": np.full(4, 0.1)},
-    "observation.environment_state": {"mean": np.zeros(39), "std": np.ones(39)},
-    "action": {"min": -np.ones(4), "max": np.ones(4), "q01": -np.ones(4), "q99": np.ones(4)},
-}
-PIXELS = dict(image_keys=["observation.image"], image_size=32, vocab=WORDS, embed_dim=16,
-              vision_channels=[8, 16], num_keypoints=8)  # fmt: skip
-
 
 def _policy(kind: str):
     """A tiny untrained policy of each kind; the planner predicts a (training-only) state."""
     torch.manual_seed(0)
-    if kind == "mlp":
-        policy = make_policy("mlp", state_dim=4, action_dim=4, hidden=[32])
-    elif kind == "diffusion":
-        policy = make_policy(
-            "diffusion", state_dim=4, action_dim=4, n_obs_steps=2, horizon=8, n_action_steps=4,
-            down_dims=[16, 32], num_train_timesteps=20, num_inference_steps=5, finetune_steps=3,
-            aux_state_dim=39, aux_state_weight=1.0, **PIXELS,
-        )  # fmt: skip
-    elif kind == "flow":
-        policy = make_policy(
-            "flow", state_dim=4, action_dim=4, n_obs_steps=2, horizon=8, n_action_steps=4,
-            down_dims=[16, 32], noise_hidden_dims=[32], num_inference_steps=2, **PIXELS,
-        )  # fmt: skip
-    else:
-        policy = make_policy(
-            "vla", action_dim=4, state_dim=4, image_size=32, patch_size=16, horizon=2,
-            n_action_steps=2, n_bins=16, vocab=WORDS[1:], max_instruction_tokens=6,
-            vision_hidden_size=32, vision_layers=1, vision_heads=2, vision_intermediate_size=64,
-            hidden_size=32, text_layers=1, text_heads=2, text_intermediate_size=64,
-        )  # fmt: skip
+    policy = tiny_policies(aux_state_dim=39, aux_state_weight=1.0)[kind]
     return policy.fit_normalizers(STATS).eval()
 
 
@@ -128,7 +99,7 @@ def test_grpo_logs_self_imitation_of_the_decisions_that_beat_their_group(tmp_pat
     policy = _policy("mlp")
     policy.save_pretrained(tmp_path / "policy")
     ProgressRewardModel(
-        ProgressConfig(image_size=16, vocab=WORDS, vision_channels=[4, 8], num_keypoints=4,
+        ProgressConfig(image_size=16, vocab=TASK_WORDS, vision_channels=[4, 8], num_keypoints=4,
                        d_model=16, n_heads=2, n_layers=1, ff_dim=32, num_bins=8)
     ).save_pretrained(tmp_path / "reward")  # fmt: skip
 

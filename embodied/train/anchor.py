@@ -32,7 +32,7 @@ from embodied.core.policy import Policy
 from embodied.datasets import LeRobotDataset
 from embodied.datasets.training import BCDataset
 from embodied.rollout.episodes import decision_bc_windows
-from embodied.train.loop import load_batch
+from embodied.train.loop import load_batch, to_device
 
 
 class DemoAnchor:
@@ -80,9 +80,7 @@ class SelfImitation:
     def loss(self, policy: Policy, rng: np.random.Generator) -> torch.Tensor:
         """``policy.bc_loss`` on ``batch_size`` windows drawn with ``rng``, on its device."""
         idx = rng.integers(0, len(self), size=self.batch_size)
-        batch: dict[str, Any] = {
-            key: torch.from_numpy(np.ascontiguousarray(value[idx])).to(policy.device)
-            for key, value in self.windows.items()
-        }
+        batch = {key: torch.from_numpy(value[idx]) for key, value in self.windows.items()}
         batch["instruction"] = [self.instructions[i] for i in idx]
-        return policy.bc_loss(batch, auxiliary=False)  # a rollout has no training-only target
+        # a rollout has no training-only target
+        return policy.bc_loss(to_device(batch, policy.device), auxiliary=False)
