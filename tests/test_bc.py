@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ from embodied.apps.collect import CollectConfig, run_collect
 from embodied.core.config import validate
 from embodied.core.run import read_metrics
 from embodied.policies import Policy
-from embodied.train.bc import BCConfig, train_bc
+from embodied.datasets import LeRobotDataset
+from embodied.train.bc import BCConfig, first_episodes_per_task, train_bc
 from embodied.train.checkpoints import latest_checkpoint
 from embodied.train.optim import OptimConfig, make_optimizer
 
@@ -52,6 +54,20 @@ def test_mlp_bc_learns_to_open_the_drawer(drawer_states: Path, tmp_path: Path) -
     assert success["eval/DrawerOpen/success_rate"] >= 0.3  # a random policy never opens it
     policy = Policy.from_pretrained(run.path / "policy")
     assert policy.policy_type == "mlp"
+
+
+def test_episodes_per_task_keeps_the_first_episodes_of_each_task(
+    drawer_states: Path, tmp_path: Path
+) -> None:
+    dataset = LeRobotDataset(drawer_states)
+    assert first_episodes_per_task(dataset, 0) is None  # every episode
+    assert first_episodes_per_task(dataset, 5) == [0, 1, 2, 3, 4]
+    rows = [{"episode_index": i, "tasks": [task]} for i, task in enumerate("ABABBA")]
+    mixed = SimpleNamespace(root="mixed", episodes_table=lambda: rows)
+    assert first_episodes_per_task(mixed, 2) == [0, 1, 2, 3]  # A: 0, 2; B: 1, 3
+    cfg = _mlp_config(drawer_states, tmp_path, steps=1, eval_episodes=0, episodes_per_task=13)
+    with pytest.raises(ValueError, match=r"episodes_per_task = 13, but .*drawer has only 12 "):
+        train_bc(cfg)
 
 
 def test_resume_continues_exactly(drawer_states: Path, tmp_path: Path) -> None:

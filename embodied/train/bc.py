@@ -41,6 +41,8 @@ class BCConfig:
     policy_overrides: dict[str, Any] = field(default_factory=dict)
     n_obs_steps: int | None = setting(None, low=1)  # None: the policy's own default
     horizon: int | None = setting(None, low=1)  # actions per window; None: the policy's default
+    # > 0: train on the first this many episodes of each task only (a few-demonstration run)
+    episodes_per_task: int = setting(0, low=0)
     steps: int = setting(3000, low=1)
     # > 0: stop after the last step that fits in this many minutes (the schedule still spans steps)
     max_minutes: float = setting(0.0, low=0.0)
@@ -103,6 +105,26 @@ def start_policy(cfg: BCConfig, dataset: LeRobotDataset, device: torch.device) -
     return policy
 
 
+def first_episodes_per_task(dataset: LeRobotDataset, per_task: int) -> list[int] | None:
+    """The indices of the first ``per_task`` episodes of each task (its ``task_name``, or its
+    instructions in a dataset LeRobot wrote), or None (every episode) at 0; a task with fewer
+    episodes is an error naming it."""
+    if per_task == 0:
+        return None
+    by_task: dict[str, list[int]] = {}
+    for row in dataset.episodes_table():
+        task = row.get("task_name") or " / ".join(row["tasks"])
+        by_task.setdefault(task, []).append(int(row["episode_index"]))
+    short = {task: len(eps) for task, eps in by_task.items() if len(eps) < per_task}
+    if short:
+        task, count = next(iter(short.items()))
+        raise ValueError(
+            f"episodes_per_task = {per_task}, but {dataset.root} has only {count} episodes of "
+            f"task {task!r}"
+        )
+    return sorted(e for eps in by_task.values() for e in eps[:per_task])
+
+
 def check_batch_memory(cfg: BCConfig, windows: BCDataset) -> None:
     """Refuse a batch size whose batches cannot fit in this machine's memory, naming both."""
     item = windows[0]
@@ -131,7 +153,10 @@ def train_bc(cfg: BCConfig) -> RunDir:
         )
     policy = start_policy(cfg, dataset, device)
     spec = policy.observation_spec
-    windows = BCDataset(dataset, spec.n_obs_steps, policy.bc_horizon, keys=policy.training_keys())
+    windows = BCDataset(
+        dataset, spec.n_obs_steps, policy.bc_horizon, keys=policy.training_keys(),
+        episodes=first_episodes_per_task(dataset, cfg.episodes_per_task),
+    )  # fmt: skip
     check_batch_memory(cfg, windows)
     # Evaluation envs render only what the policy reads (no camera for a state-only policy).
     env_kwargs = env_options(spec)
