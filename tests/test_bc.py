@@ -12,8 +12,8 @@ import torch
 from embodied.apps.collect import CollectConfig, run_collect
 from embodied.core.config import validate
 from embodied.core.run import read_metrics
-from embodied.policies import Policy
 from embodied.datasets import LeRobotDataset
+from embodied.policies import Policy
 from embodied.train.bc import BCConfig, first_episodes_per_task, train_bc
 from embodied.train.checkpoints import latest_checkpoint
 from embodied.train.optim import OptimConfig, make_optimizer
