@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DDIMScheduler
+from tiny_pixel_planner import tiny_diffusion_config
 
 from embodied.core.nn import InstructionEncoder, build_vocab
 from embodied.core.policy import Policy
@@ -29,26 +30,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_config(**overrides) -> DiffusionConfig:
-    """A policy small enough for CPU tests: one 32 px camera, horizon 8, 5 DDIM steps."""
-    values = dict(
-        state_dim=3,
-        action_dim=2,
-        image_keys=["observation.image"],
-        image_size=32,
-        n_obs_steps=2,
-        horizon=8,
-        n_action_steps=4,
-        vocab=build_vocab(INSTRUCTIONS[:2]),
-        embed_dim=16,
-        down_dims=[16, 32],
-        vision_channels=[8, 16],
-        num_keypoints=8,
-        num_train_timesteps=20,
-        num_inference_steps=5,
-        finetune_steps=3,
-    )
-    values.update(overrides)
-    return DiffusionConfig(**values)
+    """The tests' tiny planner (tests/tiny_pixel_planner.py) with these instructions' words."""
+    return tiny_diffusion_config(**{"vocab": build_vocab(INSTRUCTIONS[:2]), **overrides})
 
 
 def tiny_policy(**overrides) -> DiffusionPolicy:

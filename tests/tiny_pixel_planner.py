@@ -1,5 +1,5 @@
-"""A tiny two-frame camera planner, its batches and statistics, shared by the pixel-planner and
-auxiliary-state tests (a plain helper module, not a test file)."""
+"""A tiny two-frame camera planner, its batches and statistics, shared by the diffusion,
+pixel-planner and auxiliary-state tests (a plain helper module, not a test file)."""
 
 from __future__ import annotations
 
@@ -20,17 +20,16 @@ STATS = {
 }
 
 
-def pixel_config(**overrides) -> DiffusionConfig:
-    """A tiny camera planner predicting a 5-value environment state from its keypoints."""
+def tiny_diffusion_config(**overrides) -> DiffusionConfig:
+    """A planner small enough for CPU tests: one 32 px camera, horizon 8, 5 DDIM steps."""
     values = dict(
         state_dim=3,
         action_dim=2,
-        image_keys=["observation.images.front"],
+        image_keys=["observation.image"],
         image_size=32,
         n_obs_steps=2,
         horizon=8,
         n_action_steps=4,
-        vocab=build_vocab([*INSTRUCTIONS, "block_red", "block_blue", "drawer"]),
         embed_dim=16,
         down_dims=[16, 32],
         vision_channels=[8, 16],
@@ -38,14 +37,23 @@ def pixel_config(**overrides) -> DiffusionConfig:
         num_train_timesteps=20,
         num_inference_steps=5,
         finetune_steps=3,
+    )
+    return DiffusionConfig(**{**values, **overrides})
+
+
+def pixel_config(**overrides) -> DiffusionConfig:
+    """The tiny planner on the front camera, predicting a 5-value environment state from its
+    keypoints."""
+    values = dict(
+        image_keys=["observation.images.front"],
+        vocab=build_vocab([*INSTRUCTIONS, "block_red", "block_blue", "drawer"]),
         vision_film=True,
         aux_state_dim=5,
         aux_state_names=NAMES,
         aux_state_weight=1.0,
         aux_state_encoder="objects",
     )
-    values.update(overrides)
-    return DiffusionConfig(**values)
+    return tiny_diffusion_config(**{**values, **overrides})
 
 
 def pixel_policy(**overrides) -> DiffusionPolicy:
