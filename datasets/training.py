@@ -157,11 +157,14 @@ class RewardDataset(Dataset):
 
 
 def normalization_stats(
-    dataset: LeRobotDataset, keys: Sequence[str] = ("observation.state", "action")
+    dataset: LeRobotDataset,
+    keys: Sequence[str] = ("observation.state", "action"),
+    episodes: Sequence[int] | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
-    """Per-feature statistics from ``meta/stats.json`` (mean, std, min, max, quantiles) that
-    policies use to normalise inputs and actions."""
-    missing = [k for k in keys if k not in dataset.stats]
+    """Per-feature statistics (mean, std, min, max, quantiles) that policies use to normalise
+    inputs and actions: ``meta/stats.json``, or those of ``episodes`` only."""
+    stats = dataset.stats if episodes is None else dataset.stats_of(episodes)
+    missing = [k for k in keys if k not in stats]
     if missing:
-        raise ValueError(f"no statistics for {missing}; available: {', '.join(dataset.stats)}")
-    return {k: {s: np.asarray(v) for s, v in dataset.stats[k].items()} for k in keys}
+        raise ValueError(f"no statistics for {missing}; available: {', '.join(stats)}")
+    return {k: {s: np.asarray(v) for s, v in stats[k].items()} for k in keys}

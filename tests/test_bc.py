@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,6 +66,14 @@ def test_episodes_per_task_keeps_the_first_episodes_of_each_task(
     rows = [{"episode_index": i, "tasks": [task]} for i, task in enumerate("ABABBA")]
     mixed = SimpleNamespace(root="mixed", episodes_table=lambda: rows)
     assert first_episodes_per_task(mixed, 2) == [0, 1, 2, 3]  # A: 0, 2; B: 1, 3
+    # The policy is normalised by the statistics of the episodes it trains on, not the dataset's.
+    run = train_bc(_mlp_config(drawer_states, tmp_path / "five", steps=1, eval_episodes=0,
+                               episodes_per_task=5))  # fmt: skip
+    states = np.concatenate([dataset.episode_frames(e)["observation.state"] for e in range(5)])
+    policy = Policy.from_pretrained(run.path / "policy")
+    np.testing.assert_allclose(policy.state_normalizer.shift, states.mean(0), atol=1e-5)
+    whole = dataset.stats["observation.state"]["mean"]
+    assert not np.allclose(policy.state_normalizer.shift, whole)
     cfg = _mlp_config(drawer_states, tmp_path, steps=1, eval_episodes=0, episodes_per_task=13)
     with pytest.raises(ValueError, match=r"episodes_per_task = 13, but .*drawer has only 12 "):
         train_bc(cfg)

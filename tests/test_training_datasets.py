@@ -95,3 +95,14 @@ def test_normalization_stats_come_from_the_dataset(dataset: LeRobotDataset) -> N
     np.testing.assert_allclose(stats["action"]["mean"], actions.mean(0), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="no statistics for \\['observation.depth'\\]"):
         normalization_stats(dataset, keys=["observation.depth"])
+    # Training on some episodes normalises by theirs alone: nothing of the others reaches it.
+    some = normalization_stats(dataset, episodes=[1, 2])
+    held = np.concatenate(frames[1:3])
+    np.testing.assert_allclose(some["action"]["max"], held.max(0))
+    np.testing.assert_allclose(some["action"]["mean"], held.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(some["action"]["std"], held.std(0), rtol=1e-4, atol=1e-6)
+    whole = normalization_stats(dataset, episodes=list(episodes))
+    np.testing.assert_allclose(whole["action"]["std"], stats["action"]["std"], rtol=1e-6)
+    n = dataset.num_episodes
+    with pytest.raises(IndexError, match=f"episode {n} is out of range for {n} episodes"):
+        normalization_stats(dataset, episodes=[0, n])

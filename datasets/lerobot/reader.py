@@ -31,6 +31,7 @@ from embodied.datasets.lerobot.layout import (
 )
 from embodied.datasets.lerobot.lock import DatasetLock
 from embodied.datasets.lerobot.metadata import _load_metadata
+from embodied.datasets.lerobot.recovery import _read_episode_stats
 from embodied.datasets.lerobot.videos import _decode_frames, _file_sha256
 
 
@@ -97,6 +98,19 @@ class LeRobotDataset:
         return {
             name: {stat: np.array(value) for stat, value in stats.items()}
             for name, stats in self._meta.stats.items()
+        }
+
+    def stats_of(self, episodes: Sequence[int]) -> dict[str, dict[str, np.ndarray]]:
+        """Like ``stats``, over the given episodes only: their per-episode stats aggregated as
+        stats.json aggregates every episode's (training on part of a dataset sees nothing of the
+        rest)."""
+        bad = [e for e in episodes if not 0 <= e < self.num_episodes]
+        if bad:
+            raise IndexError(f"episode {bad[0]} is out of range for {self.num_episodes} episodes")
+        totals = _read_episode_stats(self.root, self._meta, episodes)
+        return {
+            name: {stat: np.array(value) for stat, value in stats.items()}
+            for name, stats in totals.json().items()
         }
 
     def __len__(self) -> int:

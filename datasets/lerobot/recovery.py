@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,8 +218,11 @@ def _files_after(directory: Path, suffix: str, last: tuple[int, int] | None) -> 
     return found
 
 
-def _read_episode_stats(root: Path, meta: _Metadata) -> _StatsTotals:
-    """Totals of the per-episode stats of the committed episodes (``stats/...`` columns)."""
+def _read_episode_stats(
+    root: Path, meta: _Metadata, episodes: Sequence[int] | None = None
+) -> _StatsTotals:
+    """Totals of the per-episode stats (``stats/...`` columns) of the committed episodes, or of
+    ``episodes`` only."""
     features = meta.info["features"]
     stats: dict[int, dict[str, dict[str, np.ndarray]]] = {}
     for relative in meta.episode_files:
@@ -233,6 +236,6 @@ def _read_episode_stats(root: Path, meta: _Metadata) -> _StatsTotals:
                     "needs them"
                 ) from None
     totals = _StatsTotals()
-    for index in range(len(meta.episodes)):
+    for index in range(len(meta.episodes)) if episodes is None else episodes:
         totals.add(stats[index])
     return totals

@@ -63,8 +63,11 @@ class BCConfig:
     init_policy: str = ""
 
 
-def build_policy(cfg: BCConfig, dataset: LeRobotDataset) -> Policy:
-    """The policy named by ``cfg.policy``, shaped by the dataset, normalised by its statistics."""
+def build_policy(
+    cfg: BCConfig, dataset: LeRobotDataset, episodes: list[int] | None = None
+) -> Policy:
+    """The policy named by ``cfg.policy``, shaped by the dataset, normalised by the statistics
+    of the episodes it trains on (``episodes``, else all)."""
     if cfg.policy not in POLICIES:
         raise ValueError(f"unknown policy {cfg.policy!r}; available: {', '.join(POLICIES)}")
     cls = POLICIES[cfg.policy]
@@ -79,16 +82,18 @@ def build_policy(cfg: BCConfig, dataset: LeRobotDataset) -> Policy:
     wanted = ("observation.state", "observation.environment_state", "action",
               *policy.observation_spec.cameras)  # fmt: skip
     keys = [k for k in wanted if k in dataset.stats]
-    policy.fit_normalizers(normalization_stats(dataset, keys))
+    policy.fit_normalizers(normalization_stats(dataset, keys, episodes))
     return policy
 
 
-def start_policy(cfg: BCConfig, dataset: LeRobotDataset, device: torch.device) -> Policy:
+def start_policy(
+    cfg: BCConfig, dataset: LeRobotDataset, device: torch.device, episodes: list[int] | None = None
+) -> Policy:
     """The policy to train: a new one (``build_policy``), or the saved ``init_policy`` with
     ``policy_overrides`` applied; a type, ``n_obs_steps`` or ``horizon`` that differs from the
     saved one is an error naming both."""
     if not cfg.init_policy:
-        return build_policy(cfg, dataset).to(device)
+        return build_policy(cfg, dataset, episodes).to(device)
     policy = load_policy(cfg.init_policy, cfg.policy_overrides, device)
     if policy.policy_type != cfg.policy:
         raise ValueError(
@@ -151,12 +156,11 @@ def train_bc(cfg: BCConfig) -> RunDir:
             f"{cfg.dataset}: its episodes do not name the task they were recorded on (no "
             "'task_name' column: a dataset LeRobot wrote); set eval_task=TASK or eval_episodes=0"
         )
-    policy = start_policy(cfg, dataset, device)
+    episodes = first_episodes_per_task(dataset, cfg.episodes_per_task)
+    policy = start_policy(cfg, dataset, device, episodes)
     spec = policy.observation_spec
-    windows = BCDataset(
-        dataset, spec.n_obs_steps, policy.bc_horizon, keys=policy.training_keys(),
-        episodes=first_episodes_per_task(dataset, cfg.episodes_per_task),
-    )  # fmt: skip
+    windows = BCDataset(dataset, spec.n_obs_steps, policy.bc_horizon,
+                        keys=policy.training_keys(), episodes=episodes)  # fmt: skip
     check_batch_memory(cfg, windows)
     # Evaluation envs render only what the policy reads (no camera for a state-only policy).
     env_kwargs = env_options(spec)
