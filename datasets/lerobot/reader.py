@@ -35,6 +35,11 @@ from embodied.datasets.lerobot.recovery import _read_episode_stats
 from embodied.datasets.lerobot.videos import _decode_frames, _file_sha256
 
 
+def _as_arrays(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, np.ndarray]]:
+    """stats.json content (lists) as {feature: {stat: array}}."""
+    return {name: {stat: np.array(value) for stat, value in s.items()} for name, s in stats.items()}
+
+
 class LeRobotDataset:
     """Reads a LeRobot v3.0 dataset: Trajectories, per-frame columns and single frames.
 
@@ -95,23 +100,15 @@ class LeRobotDataset:
     @property
     def stats(self) -> dict[str, dict[str, np.ndarray]]:
         """meta/stats.json as {feature: {stat: array}}."""
-        return {
-            name: {stat: np.array(value) for stat, value in stats.items()}
-            for name, stats in self._meta.stats.items()
-        }
+        return _as_arrays(self._meta.stats)
 
     def stats_of(self, episodes: Sequence[int]) -> dict[str, dict[str, np.ndarray]]:
         """Like ``stats``, over the given episodes only: their per-episode stats aggregated as
         stats.json aggregates every episode's (training on part of a dataset sees nothing of the
         rest)."""
-        bad = [e for e in episodes if not 0 <= e < self.num_episodes]
-        if bad:
-            raise IndexError(f"episode {bad[0]} is out of range for {self.num_episodes} episodes")
-        totals = _read_episode_stats(self.root, self._meta, episodes)
-        return {
-            name: {stat: np.array(value) for stat, value in stats.items()}
-            for name, stats in totals.json().items()
-        }
+        for index in episodes:
+            self._row(index)  # an IndexError naming an episode out of range
+        return _as_arrays(_read_episode_stats(self.root, self._meta, episodes).json())
 
     def __len__(self) -> int:
         """Number of frames."""

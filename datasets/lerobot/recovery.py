@@ -224,16 +224,19 @@ def _read_episode_stats(
     """Totals of the per-episode stats (``stats/...`` columns) of the committed episodes, or of
     ``episodes`` only."""
     features = meta.info["features"]
+    wanted = None if episodes is None else set(episodes)
     stats: dict[int, dict[str, dict[str, np.ndarray]]] = {}
     for relative in meta.episode_files:
         for row in _read_table(root, relative, INFO_PATH).to_pylist():
+            if wanted is not None and row["episode_index"] not in wanted:
+                continue
             try:
                 stats[row["episode_index"]] = _stats_from_row(row, features)
             except (KeyError, TypeError, ValueError) as error:
                 raise DatasetError(
                     f"{relative}: the per-episode statistics of episode {row['episode_index']} "
                     f"are missing or malformed ({type(error).__name__}: {error}); appending "
-                    "needs them"
+                    "and the statistics of some episodes need them"
                 ) from None
     totals = _StatsTotals()
     for index in range(len(meta.episodes)) if episodes is None else episodes:
