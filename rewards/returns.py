@@ -3,7 +3,7 @@
 Each trajectory gives a few terms (numpy; a term the trajectory cannot give is left out, never
 filled with a made-up value)::
 
-    success     1 if the episode succeeded, else 0
+    success     1 if the success flag was raised at any step (as evaluation counts), else 0
     progress    p_T - p_0 from a reward model's per-observation progress: the potential-based
                 reward  r_t = p_{t+1} - p_t  summed over the episode (it telescopes), so the
                 shaping cannot change which policy is optimal (Ng, Harada & Russell 1999)
@@ -59,7 +59,7 @@ def score_terms(traj: Any, progress: ProgressScore | None, limit: int | None) ->
     """The terms (module docstring) this trajectory can give."""
     info = traj.info
     terms = {
-        "success": 1.0 if traj.success else 0.0,
+        "success": 1.0 if traj.ever_succeeded else 0.0,
         "steps": traj.length / float(limit or max(traj.length, 1)),
     }
     if progress is not None:

@@ -362,7 +362,7 @@ def test_hard_states_start_groups_where_the_greedy_policy_fails(saved, tmp_path:
 
         def run(self, seeds, sample_seed, deterministic=False):
             self.calls.append((list(seeds), deterministic))
-            return [SimpleNamespace(success=seed % 3 == 0) for seed in seeds]
+            return [SimpleNamespace(ever_succeeded=seed % 3 == 0) for seed in seeds]
 
         def close(self) -> None:
             pass

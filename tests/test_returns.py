@@ -10,6 +10,7 @@ import pytest
 
 from embodied.core.reward import ProgressScore
 from embodied.core.trajectory_builder import TrajectoryBuilder
+from embodied.evaluation.results import summarize
 from embodied.rewards.returns import (
     OBJECTIVES,
     TrajectoryScore,
@@ -53,6 +54,19 @@ def test_score_terms_and_objectives_by_hand() -> None:
         TrajectoryScore({"speed": 1.0})
     with pytest.raises(ValueError, match="unknown objective 'fast'"):
         TrajectoryScore.objective("fast")
+
+
+def test_success_term_counts_a_success_at_any_step_as_evaluation_does() -> None:
+    """An episode that ran on past its success (``terminate_on_success=false``) and lost it
+    scores as the success evaluation counts; ``success`` keeps the last step's flag."""
+    builder = TrajectoryBuilder({"agent_pos": np.zeros(4, np.float32)})
+    for flag in (False, True, False):
+        builder.add_step(np.zeros(4, np.float32), {"agent_pos": np.zeros(4, np.float32)}, 0.0,
+                         False, False, {"success": flag})  # fmt: skip
+    traj = builder.build()
+    assert not traj.success and traj.ever_succeeded
+    assert score_terms(traj, None, limit=None)["success"] == 1.0
+    assert summarize("t", [traj]).successes == 1
 
 
 def test_grpo_return_is_the_telescoped_potential_reward() -> None:

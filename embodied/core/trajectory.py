@@ -85,6 +85,17 @@ class Trajectory:
         return int(self.actions.shape[0])
 
     @property
+    def ever_succeeded(self) -> bool:
+        """Whether the success flag was raised at any step: what a benchmark counts (Meta-World's
+        convention) and what evaluation and the RL returns read. ``success`` is the last step's
+        flag, what a success detector sees in the final frames; the two agree wherever an
+        episode ends at its first success."""
+        flags = self.info.get("success") if isinstance(self.info, dict) else None
+        if flags is not None and len(flags):
+            return bool(np.any(flags))
+        return bool(self.success)
+
+    @property
     def action_dim(self) -> int:
         """Size A of one action vector."""
         return int(self.actions.shape[1])

@@ -24,15 +24,6 @@ def wilson_interval(successes: int, episodes: int, confidence: float = 0.95) -> 
     return float(ci.low), float(ci.high)
 
 
-def episode_success(traj: Any) -> bool:
-    """Whether the success flag was raised at any step (Meta-World's convention; tabletop
-    episodes end there, so it equals the final flag)."""
-    flags = traj.info.get("success") if isinstance(traj.info, dict) else None
-    if flags is not None and len(flags):
-        return bool(np.any(flags))
-    return bool(traj.success)
-
-
 @dataclass
 class EvalResult:
     """Outcome of ``episodes`` rollouts of one task."""
@@ -119,7 +110,7 @@ def summarize(task: str, trajectories: Sequence[Any]) -> EvalResult:
     """Aggregate one task's trajectories (their privileged ``info``) into an ``EvalResult``."""
     if not trajectories:
         raise ValueError(f"no episodes to summarise for {task}")
-    outcomes = [episode_success(t) for t in trajectories]
+    outcomes = [t.ever_succeeded for t in trajectories]
     wins = int(sum(outcomes))
     seeds = [None if t.seed is None else int(t.seed) for t in trajectories]
     states = [(i,) if seed is None else seed for i, seed in enumerate(seeds)]  # unseeded: its own

@@ -318,7 +318,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     score_time += time.perf_counter() - t1
                     for g in range(need):
                         part = slice(g * cfg.group_size, (g + 1) * cfg.group_size)
-                        success = np.array([t.success for t in trajs[part]], dtype=float)
+                        success = np.array([t.ever_succeeded for t in trajs[part]], dtype=float)
                         if keep_group(success, returns[part], cfg.keep_low, cfg.keep_high):
                             kept += trajs[part]
                             kept_returns.append(returns[part])
@@ -326,7 +326,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                         else:
                             dropped += 1
                 rollout_time = time.perf_counter() - t0 - score_time
-                successes = np.array([t.success for t in all_trajs], dtype=float)
+                successes = np.array([t.ever_succeeded for t in all_trajs], dtype=float)
                 every_return = np.concatenate(all_returns)
                 log.update(
                     {

@@ -205,7 +205,7 @@ class TaskGroups:
             if not mine:
                 continue
             pool = list(range(first, first + candidates * len(mine)))
-            solved = [bool(t.success) for t in self.backends[task].run(pool, 0, True)]
+            solved = [t.ever_succeeded for t in self.backends[task].run(pool, 0, True)]
             failed_first = sorted(pool, key=lambda seed: solved[seed - first])  # stable
             for g, seed in zip(mine, failed_first[: len(mine)], strict=True):
                 seeds[g] = seed

@@ -145,7 +145,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                 scores = score.batch(trajs, reward_model.score(trajs))
                 pairs = preference_pairs(scores, cfg.group_size, cfg.pairs, cfg.margin)
                 log = {
-                    "rollout/success_rate": float(np.mean([t.success for t in trajs])),
+                    "rollout/success_rate": float(np.mean([t.ever_succeeded for t in trajs])),
                     "rollout/mean_length": float(np.mean([t.length for t in trajs])),
                     "rank/score_mean": float(scores.mean()),
                     "rank/pairs": float(len(pairs)),
