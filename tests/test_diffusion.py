@@ -256,6 +256,30 @@ def test_init_noise_zero_samples_around_the_greedy_chain():
         tiny_config(init_noise="abc")
 
 
+def test_explore_executed_scores_only_the_executed_rows():
+    """With explore_executed the chain's noise and log-prob cover only the rows the env executes
+    (rows 1-4 of 8 here): the rest are the noiseless update, the log-prob still recomputes, and
+    moving a row the env never executes leaves it unchanged (by default it changes it)."""
+    obs = observations()
+    for explore_executed in (True, False):
+        policy = tiny_policy(explore_executed=explore_executed, ddim_eta=0.0, init_noise=0.0)
+        out = policy.act(obs, INSTRUCTIONS, generator=torch.Generator().manual_seed(0))
+        recomputed = policy.log_prob(obs, INSTRUCTIONS, out.policy_outputs)
+        torch.testing.assert_close(recomputed, out.policy_outputs["log_probs"], atol=1e-4, rtol=0)
+        chain = out.policy_outputs["chain"].clone()
+        chain[:, -1, [0, 5, 6, 7]] += 0.5  # the final chunk's rows outside 1..4
+        moved = policy.log_prob(obs, INSTRUCTIONS, dict(out.policy_outputs, chain=chain))
+        assert torch.allclose(moved, recomputed) == explore_executed
+    # each step's log-density is Gaussian over the 4 executed rows x 2 action dims only: at most
+    # -8 * (log(min_std) + log(2 pi) / 2), a bound the 16 dims of the whole chunk would break
+    noisy = tiny_policy(explore_executed=True, min_std=1.0, ddim_eta=0.0)
+    greedy = noisy.act(obs, INSTRUCTIONS, deterministic=True)  # x = the mean at each step
+    log_probs = greedy.policy_outputs["log_probs"]
+    torch.testing.assert_close(
+        log_probs, torch.full_like(log_probs, -8 * 0.5 * np.log(2 * np.pi)), atol=1e-4, rtol=0
+    )
+
+
 def test_log_prob_rejects_a_wrong_chain():
     policy = tiny_policy()
     obs = observations()

@@ -77,6 +77,10 @@ class DiffusionConfig:
     # std of the chain's start x_T when sampling (RL): 1 is DPPO's N(0, I); 0 starts at the zeros
     # the deterministic chain starts from, so RL explores around (and trains) the greedy chain
     init_noise: float = 1.0
+    # True: the stochastic steps add noise only to the n_action_steps the env executes; the rest of
+    # the chunk takes the noiseless update, so a decision's log-prob scores only executed actions
+    # (DPPO's executed-steps likelihood, here exact: the other entries are deterministic)
+    explore_executed: bool = False
     ema_decay: float = 0.995
 
     def __post_init__(self) -> None:

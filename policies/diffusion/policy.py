@@ -29,7 +29,10 @@ is written out in ``policies/sampler.py``):
   chain's zeros, so the sampled chain is the greedy one plus the steps' noise and RL improves the
   chain greedy evaluation runs (x_T has no parameters, so it is no term of the log-probability).
   The decision's log-probability is the exact sum over the K steps and over every
-  (horizon, action) dimension of ``log N(x_prev; mu, std_t^2)``. ``policy_outputs`` records
+  (horizon, action) dimension of ``log N(x_prev; mu, std_t^2)``; with ``explore_executed`` only
+  the ``n_action_steps`` rows the env executes are Gaussian (the rest take the ``eta = 0`` update,
+  std 0), so only they count: the other rows' noise moves no action but would weigh in the policy
+  ratio (DPPO likewise scores executed steps only). ``policy_outputs`` records
   ``chain`` ``[B, K+1, horizon, A]`` (normalised ``x`` before the first fine-tuned step, then after
   each), ``timesteps`` ``[B, K]`` (the ``t`` of each fine-tuned step) and ``log_probs`` ``[B, K]``.
   In deterministic mode the same keys are recorded, the log-probabilities being those of the
@@ -369,14 +372,29 @@ class DiffusionPolicy(AuxStateTarget, ChunkedPolicy, NormalizedPolicy):
         prediction = self.predict_x0(net, x, t, cond)
         mean, sigma = ddim_mean(*prediction, eta=self.config.ddim_eta)
         noiseless, _ = ddim_mean(*prediction, eta=0.0)
-        return Step(mean, sigma.clamp(min=self.config.min_std), noiseless)
+        std = sigma.clamp(min=self.config.min_std)
+        if self.config.explore_executed:  # std 0 elsewhere: those entries are the noiseless update
+            executed = self.executed_rows(x.device)
+            mean, std = torch.where(executed, mean, noiseless), std * executed
+        return Step(mean, std, noiseless)
+
+    def executed_rows(self, device: torch.device) -> torch.Tensor:
+        """``[1, horizon, 1]`` mask of the chunk's rows the env executes (``executed_actions``)."""
+        executed = torch.zeros(self.config.horizon, dtype=torch.bool, device=device)
+        executed[self.executed_slice] = True
+        return executed.view(1, -1, 1)
+
+    @property
+    def executed_slice(self) -> slice:
+        """The chunk's rows the env executes: from the newest observation, ``n_action_steps``."""
+        start = self.config.n_obs_steps - 1
+        return slice(start, start + self.config.n_action_steps)
 
     # --- the Policy interface -----------------------------------------------------------------
     def executed_actions(self, x: torch.Tensor) -> torch.Tensor:
         """Raw actions ``[B, n_action_steps, A]`` of a final normalised chunk ``[B, horizon, A]``:
         steps from the newest observation on, clipped to the data's [-1, 1] range."""
-        start = self.config.n_obs_steps - 1
-        executed = x[:, start : start + self.config.n_action_steps].clamp(-1.0, 1.0)
+        executed = x[:, self.executed_slice].clamp(-1.0, 1.0)
         if not torch.isfinite(executed).all():
             raise ValueError(f"the {self.policy_type} policy produced NaN or infinite actions")
         return self.action_normalizer.unnormalize(executed)
