@@ -101,6 +101,11 @@ class FlowConfig(DiffusionConfig):
         """Refuse settings that cannot build a policy, naming the field."""
         super().__post_init__()
         self.noise_hidden_dims = list(self.noise_hidden_dims)
+        if self.explore_executed:  # its ReinFlow step noises every row; refuse, never ignore
+            raise ValueError(
+                "FlowConfig.explore_executed=True is not supported: the flow planner's "
+                "noise covers the whole chunk (the Diffusion planner has the option)"
+            )
         if not self.min_std < self.max_std:
             raise ValueError(
                 f"FlowConfig.max_std={self.max_std} must exceed min_std={self.min_std}"

@@ -365,3 +365,9 @@ def test_config_validation():
         with pytest.raises(ValueError, match=field):
             tiny_config(**overrides)
     assert json.loads(json.dumps(tiny_config().__dict__))["finetune_steps"] == 4
+
+
+def test_flow_config_refuses_explore_executed():
+    """The Diffusion planner's explore_executed would be silently ignored by the flow step."""
+    with pytest.raises(ValueError, match=r"FlowConfig.explore_executed=True is not supported"):
+        tiny_config(explore_executed=True)
