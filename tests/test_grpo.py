@@ -225,6 +225,30 @@ def test_grpo_trains_a_planner_recomputing_one_block_of_its_chain(saved, tmp_pat
     assert any(not torch.equal(start[k], final[k]) for k in start)
 
 
+def test_target_kl_ends_the_update_after_the_step_that_moved_the_policy_past_it(
+    saved, tmp_path: Path
+) -> None:
+    """Without target_kl every planned minibatch steps; with a tiny one the first step moves the
+    policy past it and the next minibatch stops the iteration's update before its step."""
+    kw = dict(iterations=1, eval_episodes=0, epochs=3, minibatch_size=8,
+              policy=str(saved["explorer"]))  # fmt: skip
+
+    def update_row(out: str, **more) -> dict:
+        run = train_grpo(_cfg(saved, tmp_path / out, **kw, **more))
+        lines = (run.path / "metrics.jsonl").read_text().splitlines()
+        (row,) = [r for r in map(json.loads, lines) if "update/steps" in r]
+        return row
+
+    full = update_row("full")
+    assert full["update/planned_steps"] > 3
+    assert full["update/steps"] == full["update/planned_steps"]
+    assert "update/stop_kl" not in full
+    stopped = update_row("stopped", target_kl=1e-9)
+    assert stopped["update/steps"] == 1 < stopped["update/planned_steps"]
+    assert stopped["update/stop_kl"] > 1e-9
+    assert stopped["update/sampling_kl"] < 1e-6  # the one step taken was from the sampling policy
+
+
 def test_grpo_refuses_bad_settings(saved, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="the mlp policy samples no chain"):
         train_grpo(_cfg(saved, tmp_path, update_steps=2))

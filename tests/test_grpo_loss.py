@@ -116,3 +116,16 @@ def test_asymmetric_clip_and_kl_by_hand() -> None:
     want = np.mean([math.exp(-0.2) + 0.2 - 1, math.exp(0.5) - 0.5 - 1])
     assert stats["kl"] == pytest.approx(want) and loss.item() == pytest.approx(0.5 * want)
     assert holder_mean(torch.tensor([[1.0, 4.0]]), torch.ones(1, 2), 0).item() == pytest.approx(2)
+
+
+def test_sampling_kl_is_k3_from_the_sampling_policy_over_real_elements() -> None:
+    """``sampling_kl`` (what ``target_kl`` reads): mean over real elements of rho - 1 - log rho,
+    the k3 estimate of KL(pi_old || pi) from samples of pi_old; padding does not count."""
+    old = torch.tensor([[-1.0, -2.0, 0.0]])
+    new = torch.tensor([[-0.7, -2.4, 5.0]])
+    mask = torch.tensor([[True, True, False]])
+    _, stats = grpo_loss(new, old, torch.tensor([1.0]), mask)
+    want = np.mean([math.exp(r) - 1 - r for r in (0.3, -0.4)])
+    assert stats["sampling_kl"] == pytest.approx(want)
+    _, same = grpo_loss(old, old, torch.tensor([1.0]), mask)
+    assert same["sampling_kl"] == 0.0

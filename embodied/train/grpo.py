@@ -35,6 +35,11 @@ bottom:
        L      = agg(L_clip) + kl_coef * agg(k3) + anchor_coef * L_BC(demos)
                 + imitate_coef * L_BC(own windows with A > 0)
 
+   With ``target_kl`` the iteration's update ends at the first minibatch whose estimated KL to
+   the sampling policy, ``mean(rho - 1 - log rho)``, exceeds it (Stable-Baselines3's
+   ``target_kl``): Adam moves every weight by about ``lr`` a step whatever the gradient's scale,
+   so the optimizer steps, not the loss, set how far one iteration goes.
+
    ``L_BC(demos)`` is the policy's BC loss on a batch of expert windows of ``anchor_dataset``
    (``embodied.train.anchor``; DAPG's augmented gradient): it keeps a multi-task policy's
    untrained tasks where the demonstrations put them while shared weights move for the others.
@@ -109,6 +114,8 @@ class GRPOConfig(OnPolicyConfig):
     clip_low: float = setting(0.2, low=0.0)
     clip_high: float = setting(0.28, low=0.0)
     kl_coef: float = setting(0.0, low=0.0)
+    target_kl: float = setting(0.0, low=0.0)  # > 0: end an iteration's update (after its first
+    # step) at a minibatch whose KL to the sampling policy exceeds it, before that step
     anchor_dataset: str = ""  # expert demonstrations (LeRobot) for the BC anchor
     anchor_coef: float = setting(0.0, low=0.0)  # its weight; 0: no anchor
     anchor_batch_size: int = setting(32, low=1)  # its windows per minibatch
@@ -195,7 +202,8 @@ def grpo_loss(
     weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO loss of a minibatch of decisions: log-probs ``[N, K]`` (K elements, ``mask``
-    marks the real ones), advantages ``[N]``; and its statistics (clip fraction, ratio, KL).
+    marks the real ones), advantages ``[N]``; and its statistics (clip fraction, ratio, KL to the
+    reference, ``sampling_kl``: the k3 estimate of KL(pi_old || pi) per element).
     ``traj-mean`` needs ``weights [N]``: 1 / (real elements of the decision's trajectory)."""
     mask = mask.to(log_prob.dtype)
     ratio = torch.exp(log_prob - old_log_prob)
@@ -225,8 +233,10 @@ def grpo_loss(
     if ref_log_prob is not None:
         kl = masked_mean(kl_k3(log_prob, ref_log_prob), mask)
         loss = loss + kl_coef * kl
+    log_ratio = (log_prob - old_log_prob).detach()
     stats = {
         "policy_loss": float(policy_loss.detach()),
+        "sampling_kl": float(masked_mean(torch.expm1(log_ratio) - log_ratio, mask)),
         "clip_fraction": float(clipped.detach()),
         "ratio_mean": float(masked_mean(ratio.detach(), mask)),
         "kl": float(kl.detach()),
@@ -407,47 +417,56 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 rng = np.random.default_rng([cfg.seed, iteration])
                 stats: list[dict[str, float]] = []
                 first = True
-                for _ in range(cfg.epochs):
-                    order = rng.permutation(len(data))
-                    for s in range(0, len(order), cfg.minibatch_size):
-                        batch = data.take(order[s : s + cfg.minibatch_size])
-                        if cfg.update_steps:
-                            batch = batch.step_blocks(cfg.update_steps, rng)
-                        log_prob = element_log_probs(policy, batch, device)
-                        if first:
-                            log["update/first_ratio_error"] = check_ratio(
-                                log_prob, batch, cfg.ratio_tolerance
-                            )
-                            first = False
-                        ref = None
-                        if reference is not None:
-                            with torch.no_grad():
-                                ref = element_log_probs(reference, batch, device)
-                        loss, st = grpo_loss(
-                            log_prob,
-                            batch.old_log_prob.to(device),
-                            batch.advantages.to(device),
-                            batch.mask.to(device),
-                            cfg.clip_low,
-                            cfg.clip_high,
-                            cfg.loss_agg,
-                            cfg.holder_p,
-                            ref,
-                            cfg.kl_coef,
-                            (1.0 / elements[batch.trajectory]).to(device),
+                planned = cfg.epochs * -(-len(data) // cfg.minibatch_size)
+                batches = (
+                    order[s : s + cfg.minibatch_size]
+                    for order in (rng.permutation(len(data)) for _ in range(cfg.epochs))
+                    for s in range(0, len(order), cfg.minibatch_size)
+                )
+                for rows in batches:
+                    batch = data.take(rows)
+                    if cfg.update_steps:
+                        batch = batch.step_blocks(cfg.update_steps, rng)
+                    log_prob = element_log_probs(policy, batch, device)
+                    if first:
+                        log["update/first_ratio_error"] = check_ratio(
+                            log_prob, batch, cfg.ratio_tolerance
                         )
-                        if anchor is not None:
-                            bc = anchor.loss(policy, rng)
-                            loss = loss + cfg.anchor_coef * bc
-                            st["anchor_loss"] = float(bc.detach())
-                        if imitation is not None:
-                            own = imitation.loss(policy, rng)
-                            loss = loss + cfg.imitate_coef * own
-                            st["imitate_loss"] = float(own.detach())
-                        where = f"GRPO loss at iteration {iteration}"
-                        st["grad_norm"] = trainer.update(loss, where, step_schedule=False)
-                        stats.append(st)
+                        first = False
+                    ref = None
+                    if reference is not None:
+                        with torch.no_grad():
+                            ref = element_log_probs(reference, batch, device)
+                    loss, st = grpo_loss(
+                        log_prob,
+                        batch.old_log_prob.to(device),
+                        batch.advantages.to(device),
+                        batch.mask.to(device),
+                        cfg.clip_low,
+                        cfg.clip_high,
+                        cfg.loss_agg,
+                        cfg.holder_p,
+                        ref,
+                        cfg.kl_coef,
+                        (1.0 / elements[batch.trajectory]).to(device),
+                    )
+                    if stats and cfg.target_kl and st["sampling_kl"] > cfg.target_kl:
+                        log["update/stop_kl"] = st["sampling_kl"]  # this step is not taken
+                        break
+                    if anchor is not None:
+                        bc = anchor.loss(policy, rng)
+                        loss = loss + cfg.anchor_coef * bc
+                        st["anchor_loss"] = float(bc.detach())
+                    if imitation is not None:
+                        own = imitation.loss(policy, rng)
+                        loss = loss + cfg.imitate_coef * own
+                        st["imitate_loss"] = float(own.detach())
+                    where = f"GRPO loss at iteration {iteration}"
+                    st["grad_norm"] = trainer.update(loss, where, step_schedule=False)
+                    stats.append(st)
                 trainer.scheduler.step()
+                log["update/steps"] = float(len(stats))
+                log["update/planned_steps"] = float(planned)
                 log.update(mean_stats(stats))
                 log["time/update"] = time.perf_counter() - t2
                 log["update/lr"] = trainer.scheduler.get_last_lr()[0]
