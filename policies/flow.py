@@ -45,7 +45,9 @@ Sampling (``act``, the chain of ``policies/sampler.py``): a plain Euler integrat
   acts with the EMA velocity field and the live noise network.
 
   The decision's log-probability is the exact sum over the stochastic steps and over every
-  (horizon, action) dimension of ``log N(x_{k+1}; mean_k, sigma_k^2)``. ``log p(x_0)`` is left
+  (horizon, action) dimension of ``log N(x_{k+1}; mean_k, sigma_k^2)``. With ``explore_executed``
+  (as ``DiffusionPolicy``) the noise, and so the sum, covers only the ``n_action_steps`` rows the
+  env executes; the other rows take the Euler mean (std 0). ``log p(x_0)`` is left
   out: it has no parameters, so it is a constant in every policy-gradient ratio.
   ``policy_outputs`` records ``chain`` ``[B, K+1, horizon, A]`` (normalised ``x`` before the first
   stochastic step, then after each), ``taus`` ``[B, K]`` (float ``tau_k`` of each stochastic step)
@@ -101,11 +103,6 @@ class FlowConfig(DiffusionConfig):
         """Refuse settings that cannot build a policy, naming the field."""
         super().__post_init__()
         self.noise_hidden_dims = list(self.noise_hidden_dims)
-        if self.explore_executed:  # its ReinFlow step noises every row; refuse, never ignore
-            raise ValueError(
-                "FlowConfig.explore_executed=True is not supported: the flow planner's "
-                "noise covers the whole chunk (the Diffusion planner has the option)"
-            )
         if not self.min_std < self.max_std:
             raise ValueError(
                 f"FlowConfig.max_std={self.max_std} must exceed min_std={self.min_std}"
@@ -223,9 +220,12 @@ class FlowPolicy(DiffusionPolicy):
         self, net: DiffusionNet, x: torch.Tensor, tau: torch.Tensor, cond: torch.Tensor
     ) -> Step:
         """A fine-tuned step: ``N(x + v_theta dt, sigma_theta^2)`` (its noiseless update is the
-        Euler mean)."""
+        Euler mean); with ``explore_executed`` std 0 on the rows the env does not execute."""
         mean = euler_step(x, self.velocity(net, x, tau, cond), self.dt)
-        return Step(mean, self.noise_std(x, tau, cond), mean)
+        std = self.noise_std(x, tau, cond)
+        if self.config.explore_executed:
+            std = std * self.executed_rows(x.device)
+        return Step(mean, std, mean)
 
 
 __all__ = ["FlowConfig", "FlowPolicy", "NoiseNet"]

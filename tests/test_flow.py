@@ -367,7 +367,23 @@ def test_config_validation():
     assert json.loads(json.dumps(tiny_config().__dict__))["finetune_steps"] == 4
 
 
-def test_flow_config_refuses_explore_executed():
-    """The Diffusion planner's explore_executed would be silently ignored by the flow step."""
-    with pytest.raises(ValueError, match=r"FlowConfig.explore_executed=True is not supported"):
-        tiny_config(explore_executed=True)
+def test_explore_executed_noises_and_scores_only_the_executed_rows():
+    """With explore_executed ReinFlow's noise and the log-prob cover only the rows the env
+    executes (rows 1-4 of 8): the other rows are the Euler mean, the log-prob recomputes, and
+    moving a row the env never executes leaves it unchanged (by default it changes it)."""
+    obs = observations()
+    for explore_executed in (True, False):
+        torch.manual_seed(0)
+        policy = tiny_policy(explore_executed=explore_executed, init_noise=0.0)
+        out = policy.act(obs, INSTRUCTIONS, generator=torch.Generator().manual_seed(0))
+        recomputed = policy.log_prob(obs, INSTRUCTIONS, out.policy_outputs)
+        torch.testing.assert_close(recomputed, out.policy_outputs["log_probs"], atol=1e-4, rtol=0)
+        chain = out.policy_outputs["chain"].clone()
+        chain[:, -1, [0, 5, 6, 7]] += 0.5  # the final chunk's rows outside 1..4
+        moved = policy.log_prob(obs, INSTRUCTIONS, dict(out.policy_outputs, chain=chain))
+        assert torch.allclose(moved, recomputed) == explore_executed
+    # each Gaussian step draws noise on the executed rows alone: std 0 elsewhere
+    policy = tiny_policy(explore_executed=True)
+    x, cond = torch.randn(4, 8, 2), torch.randn(4, policy.model.global_cond_dim)
+    std = policy.gaussian_step(policy.model, x, torch.full((4,), 0.5), cond).std
+    assert (std[:, 1:5] > 0).all() and (std[:, [0, 5, 6, 7]] == 0).all()
