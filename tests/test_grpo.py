@@ -201,6 +201,13 @@ def test_grpo_trains_one_policy_on_several_tasks(saved, tmp_path: Path) -> None:
     for task in ("Reach", "Push"):  # is the learned reward any good on each task?
         assert f"monitor/{task}/reward_corr" in last and f"score/{task}/success_ranking" in last
     assert last["rollout/episodes"] == 2 * 3
+    # one group per task: it failed (or succeeded) throughout exactly where the task's rate is 0 (1)
+    rates = [last[f"rollout/{task}/success_rate"] for task in ("Reach", "Push")]
+    assert [last[f"rollout/{task}/groups_failed"] for task in ("Reach", "Push")] == [
+        float(r == 0) for r in rates
+    ]
+    assert last["rollout/groups_failed"] == sum(r == 0 for r in rates)
+    assert last["rollout/groups_solved"] == sum(r == 1 for r in rates)
     start, final = _weights(saved["explorer"]), _weights(run.path / "policy")
     assert any(not torch.equal(start[k], final[k]) for k in start)
 

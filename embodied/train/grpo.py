@@ -302,6 +302,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 all_returns: list[np.ndarray] = []
                 score_time = 0.0
                 dropped = 0
+                group_rates: list[tuple[str, float]] = []  # each group's task and success rate
                 greedy: dict[str, list[float]] = {}  # hard_states: greedy success per round
                 for round_ in range(cfg.max_refills + 1):
                     need = cfg.groups - len(kept) // cfg.group_size
@@ -329,6 +330,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     for g in range(need):
                         part = slice(g * cfg.group_size, (g + 1) * cfg.group_size)
                         success = np.array([t.ever_succeeded for t in trajs[part]], dtype=float)
+                        group_rates.append((rollouts.task_of(g), float(success.mean())))
                         if keep_group(success, returns[part], cfg.keep_low, cfg.keep_high):
                             kept += trajs[part]
                             kept_returns.append(returns[part])
@@ -345,6 +347,9 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                         "rollout/mean_length": float(np.mean([t.length for t in all_trajs])),
                         "rollout/groups_kept": float(len(kept) // cfg.group_size),
                         "rollout/groups_dropped": float(dropped),
+                        # all-fail and all-success groups: states the sampling never tells apart
+                        "rollout/groups_failed": float(sum(r == 0 for _, r in group_rates)),
+                        "rollout/groups_solved": float(sum(r == 1 for _, r in group_rates)),
                         "time/rollout": rollout_time,
                         "time/score": score_time,
                         "score/success_ranking": success_ranking(
@@ -363,6 +368,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                         mine = task_of == task  # whole groups: a group is one task's
                         log[f"rollout/{task}/success_rate"] = float(successes[mine].mean())
                         log[f"rollout/{task}/groups_kept"] = float(kept_tasks.count(task))
+                        log[f"rollout/{task}/groups_failed"] = float(group_rates.count((task, 0.0)))
                         log[f"score/{task}/success_ranking"] = success_ranking(
                             successes[mine], every_return[mine], cfg.group_size
                         )
