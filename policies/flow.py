@@ -78,7 +78,7 @@ from embodied.policies.base import check_choice
 from embodied.policies.diffusion.config import DiffusionConfig
 from embodied.policies.diffusion.policy import DiffusionNet, DiffusionPolicy
 from embodied.policies.diffusion.unet import SinusoidalPosEmb
-from embodied.policies.sampler import Step, euler_step
+from embodied.policies.sampler import Step, euler_step, explore_rows
 
 TAU_SAMPLINGS = ("uniform", "beta", "logit_normal")
 
@@ -222,10 +222,8 @@ class FlowPolicy(DiffusionPolicy):
         """A fine-tuned step: ``N(x + v_theta dt, sigma_theta^2)`` (its noiseless update is the
         Euler mean); with ``explore_executed`` std 0 on the rows the env does not execute."""
         mean = euler_step(x, self.velocity(net, x, tau, cond), self.dt)
-        std = self.noise_std(x, tau, cond)
-        if self.config.explore_executed:
-            std = std * self.executed_rows(x.device)
-        return Step(mean, std, mean)
+        step = Step(mean, self.noise_std(x, tau, cond), mean)
+        return explore_rows(step, self.executed_slice) if self.config.explore_executed else step
 
 
 __all__ = ["FlowConfig", "FlowPolicy", "NoiseNet"]

@@ -111,6 +111,15 @@ class Step(NamedTuple):
     noiseless: torch.Tensor
 
 
+def explore_rows(step: Step, rows: slice) -> Step:
+    """``step`` with its noise on the chunk rows ``rows`` only (the rows a decision executes):
+    elsewhere std 0 and the noiseless update, so a log-density scores those rows alone."""
+    mask = torch.zeros(step.mean.shape[1], dtype=torch.bool, device=step.mean.device)
+    mask[rows] = True
+    mask = mask.view(1, -1, 1)
+    return Step(torch.where(mask, step.mean, step.noiseless), step.std * mask, step.noiseless)
+
+
 class Chain(NamedTuple):
     """A sampled chain: its final ``x`` ``[B, T, A]`` and the record of its stochastic steps."""
 

@@ -45,16 +45,20 @@ def tiny_policies(**diffusion: Any) -> dict[str, Policy]:
     return {"mlp": mlp, "diffusion": planner, "flow": flow, "vla": vla}
 
 
-def unexecuted_rows_scored(policy: Any, obs: Any, instructions: list[str]) -> bool:
+def unexecuted_rows_scored(
+    policy: Any, obs: Any, instructions: list[str], executed: slice = slice(1, 5)
+) -> bool:
     """Sample a chunk planner's decision, check its log-prob recomputes, then move the final
-    chunk's rows outside 1..4 (a horizon-8 planner from 2 observations executes rows 1-4): does
-    the log-prob change?"""
+    chunk's rows outside ``executed`` (a horizon-8 planner from 2 observations executing 4
+    actions: rows 1-4): does the log-prob change?"""
     import torch
 
     out = policy.act(obs, instructions, generator=torch.Generator().manual_seed(0))
     recomputed = policy.log_prob(obs, instructions, out.policy_outputs)
     torch.testing.assert_close(recomputed, out.policy_outputs["log_probs"], atol=1e-4, rtol=0)
     chain = out.policy_outputs["chain"].clone()
-    chain[:, -1, [0, 5, 6, 7]] += 0.5
+    others = torch.ones(chain.shape[2], dtype=torch.bool)
+    others[executed] = False
+    chain[:, -1, others] += 0.5
     moved = policy.log_prob(obs, instructions, dict(out.policy_outputs, chain=chain))
     return not torch.allclose(moved, recomputed)

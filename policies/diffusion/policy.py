@@ -83,6 +83,7 @@ from embodied.policies.sampler import (
     ddim_alphas,
     ddim_mean,
     ddim_x0,
+    explore_rows,
     gaussian_log_prob,
     recorded_steps,
     run_chain,
@@ -372,17 +373,8 @@ class DiffusionPolicy(AuxStateTarget, ChunkedPolicy, NormalizedPolicy):
         prediction = self.predict_x0(net, x, t, cond)
         mean, sigma = ddim_mean(*prediction, eta=self.config.ddim_eta)
         noiseless, _ = ddim_mean(*prediction, eta=0.0)
-        std = sigma.clamp(min=self.config.min_std)
-        if self.config.explore_executed:  # std 0 elsewhere: those entries are the noiseless update
-            executed = self.executed_rows(x.device)
-            mean, std = torch.where(executed, mean, noiseless), std * executed
-        return Step(mean, std, noiseless)
-
-    def executed_rows(self, device: torch.device) -> torch.Tensor:
-        """``[1, horizon, 1]`` mask of the chunk's rows the env executes (``executed_actions``)."""
-        executed = torch.zeros(self.config.horizon, dtype=torch.bool, device=device)
-        executed[self.executed_slice] = True
-        return executed.view(1, -1, 1)
+        step = Step(mean, sigma.clamp(min=self.config.min_std), noiseless)
+        return explore_rows(step, self.executed_slice) if self.config.explore_executed else step
 
     @property
     def executed_slice(self) -> slice:

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from embodied.core.sampling import Generators, randn
-from embodied.policies.sampler import Step, gaussian_log_prob
+from embodied.policies.sampler import Step, explore_rows, gaussian_log_prob
 
 PREDICTION_TYPES = ("epsilon", "sample")
 
@@ -139,10 +139,11 @@ class LeRobotChain(nn.Module):
     time_dtype: ClassVar[torch.dtype]
     times: torch.Tensor  # [N] the chain's times, in order
 
-    def __init__(self, model: nn.Module, min_std: float) -> None:
+    def __init__(self, model: nn.Module, min_std: float, explore_executed: bool = False) -> None:
         super().__init__()
         object.__setattr__(self, "model", model)  # not a submodule: no second copy of its weights
         self.min_std = min_std
+        self.explore_executed = explore_executed  # noise on the executed rows only
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -161,7 +162,18 @@ class LeRobotChain(nn.Module):
         raise NotImplementedError
 
     def gaussian_step(self, x: torch.Tensor, t: torch.Tensor, context: Any) -> Step:
-        """A fine-tuned (recorded) step: ``N(mean, std^2)`` and its noiseless update."""
+        """A fine-tuned (recorded) step: ``N(mean, std^2)`` and its noiseless update; with
+        ``explore_executed`` the noise on ``executed_rows`` only."""
+        step = self.step_distribution(x, t, context)
+        return explore_rows(step, self.executed_rows) if self.explore_executed else step
+
+    def step_distribution(self, x: torch.Tensor, t: torch.Tensor, context: Any) -> Step:
+        """The chain's own Gaussian step over the whole chunk, and its noiseless update."""
+        raise NotImplementedError
+
+    @property
+    def executed_rows(self) -> slice:
+        """The chunk's rows a decision executes."""
         raise NotImplementedError
 
     def log_probs(
@@ -174,7 +186,7 @@ class LeRobotChain(nn.Module):
     def executed(self, x: torch.Tensor) -> torch.Tensor:
         """The normalised actions a decision executes, ``[B, n_action_steps, A]``, of its final
         ``x``."""
-        raise NotImplementedError
+        return x[:, self.executed_rows]
 
 
 class DiffusionChain(LeRobotChain):
@@ -184,8 +196,10 @@ class DiffusionChain(LeRobotChain):
     time_key = "timesteps"
     time_dtype = torch.long
 
-    def __init__(self, model: nn.Module, min_std: float, ddim_eta: float) -> None:
-        super().__init__(model, min_std)
+    def __init__(
+        self, model: nn.Module, min_std: float, ddim_eta: float, explore_executed: bool = False
+    ) -> None:
+        super().__init__(model, min_std, explore_executed)
         diffusion = model.diffusion
         diffusion.noise_scheduler.set_timesteps(diffusion.num_inference_steps)
         self.steps = SchedulerSteps(diffusion.noise_scheduler)
@@ -225,7 +239,7 @@ class DiffusionChain(LeRobotChain):
             return mean
         return mean + sigma * randn(x.shape, generator, device=x.device)
 
-    def gaussian_step(self, x: torch.Tensor, t: torch.Tensor, context: Any) -> Step:
+    def step_distribution(self, x: torch.Tensor, t: torch.Tensor, context: Any) -> Step:
         """``N(mean, max(sigma, min_std)^2)`` (DDIM at ``ddim_eta``) and the noiseless update
         of the same U-Net call."""
         terms = self._terms(x, t, context)
@@ -240,8 +254,9 @@ class DiffusionChain(LeRobotChain):
         step = self.gaussian_step(x, t, context.repeat_interleave(k, dim=0))
         return gaussian_log_prob(x_next, step.mean, step.std)
 
-    def executed(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def executed_rows(self) -> slice:
         """Chunk steps ``n_obs_steps - 1 ..`` (as LeRobot's ``generate_actions``)."""
         config = self.model.config
         start = config.n_obs_steps - 1
-        return x[:, start : start + config.n_action_steps]
+        return slice(start, start + config.n_action_steps)

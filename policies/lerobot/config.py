@@ -29,7 +29,7 @@ PREPROCESSOR_NAME = "policy_preprocessor.json"
 POSTPROCESSOR_NAME = "policy_postprocessor.json"
 SUPPORTED_TYPES = ("diffusion", "smolvla")
 HORIZON_FIELDS = {"diffusion": "horizon", "smolvla": "chunk_size"}  # the predicted chunk's length
-RL_SETTINGS = ("finetune_steps", "min_std", "ddim_eta", "init_noise")
+RL_SETTINGS = ("finetune_steps", "min_std", "ddim_eta", "init_noise", "explore_executed")
 
 
 def is_lerobot_config(config: dict[str, Any]) -> bool:
@@ -46,6 +46,8 @@ class LeRobotPolicyConfig:
     deterministic acting starts, so RL trains the greedy chain. A diffusion step samples
     ``N(mean, max(sigma, min_std)^2)``, DDIM at ``eta = ddim_eta`` (DPPO; ``chain.py``); a
     SmolVLA step ``N(Euler mean, min_std^2)`` on the action values (ReinFlow; ``smolvla.py``).
+    ``explore_executed`` puts that noise, and so the log-probability, on the chunk rows a
+    decision executes only; the other rows take the noiseless update.
     """
 
     lerobot: dict[str, Any] = field(default_factory=dict)  # LeRobot's config.json, with "type"
@@ -55,6 +57,7 @@ class LeRobotPolicyConfig:
     min_std: float = 0.1
     ddim_eta: float = 1.0
     init_noise: float = 1.0
+    explore_executed: bool = False
 
     def __post_init__(self) -> None:
         check_floats(self)

@@ -124,9 +124,11 @@ class LeRobotPolicy(Policy):
             ) from None
         self.chain: LeRobotChain
         if build.type == "smolvla":
-            self.chain = SmolVLAChain(self.model, config.min_std)
+            self.chain = SmolVLAChain(self.model, config.min_std, config.explore_executed)
         else:
-            self.chain = DiffusionChain(self.model, config.min_std, config.ddim_eta)
+            self.chain = DiffusionChain(
+                self.model, config.min_std, config.ddim_eta, config.explore_executed
+            )
 
     @property
     def time_key(self) -> str:

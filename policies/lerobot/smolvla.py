@@ -44,8 +44,8 @@ class SmolVLAChain(LeRobotChain):
     time_key = "taus"
     time_dtype = torch.float32
 
-    def __init__(self, model: nn.Module, min_std: float) -> None:
-        super().__init__(model, min_std)
+    def __init__(self, model: nn.Module, min_std: float, explore_executed: bool = False) -> None:
+        super().__init__(model, min_std, explore_executed)
         config = model.config
         if config.adapt_to_pi_aloha:
             raise ValueError(
@@ -108,7 +108,7 @@ class SmolVLAChain(LeRobotChain):
         """LeRobot's Euler step (noiseless)."""
         return self._mean(x, t, context)
 
-    def gaussian_step(self, x: torch.Tensor, t: torch.Tensor, context: Any) -> Step:
+    def step_distribution(self, x: torch.Tensor, t: torch.Tensor, context: Any) -> Step:
         """``N(Euler mean, diag(s)^2)``, ``s`` = ``min_std`` on the action values, 0 on padding."""
         mean = self._mean(x, t, context)
         return Step(mean, self.std, mean)
@@ -124,6 +124,11 @@ class SmolVLAChain(LeRobotChain):
         columns = [gaussian_log_prob(x_next[:, i], s.mean, s.std) for i, s in enumerate(steps)]
         return torch.stack(columns, dim=1).reshape(-1)
 
+    @property
+    def executed_rows(self) -> slice:
+        """The first ``n_action_steps`` rows."""
+        return slice(0, self.model.config.n_action_steps)
+
     def executed(self, x: torch.Tensor) -> torch.Tensor:
-        """The first ``n_action_steps`` rows, action values only (the padding dropped)."""
-        return x[:, : self.model.config.n_action_steps, : self.action_dim]
+        """The executed rows' action values (the padding dropped)."""
+        return super().executed(x)[..., : self.action_dim]

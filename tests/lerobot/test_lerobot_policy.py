@@ -21,6 +21,7 @@ from lerobot_helpers import (
     save_lerobot_policy,
     tiny_progress_model,
 )
+from tiny_policies import unexecuted_rows_scored
 
 from embodied.apps.cli import main
 from embodied.datasets import LeRobotDataset
@@ -143,6 +144,23 @@ def test_log_prob_recomputes_with_gradients(trained, ddpm, which: str) -> None:
             p.add_(0.01 * torch.randn_like(p))
         moved = policy.log_prob(obs, ["task"] * 4, out.policy_outputs)
     assert (moved - log_prob.detach()).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("which", ["ddim-images", "ddpm-state"])
+def test_explore_executed_scores_only_the_rows_lerobot_executes(trained, ddpm, which: str) -> None:
+    """explore_executed: the noise and the log-prob cover the chunk rows LeRobot executes only
+    (moving another row of the final chunk leaves the log-prob as it was; by default it moves)."""
+    directory = trained[0] if which == "ddim-images" else ddpm
+    policy = Policy.from_pretrained(directory).eval()
+    obs = observations(policy, 4, seed=1)
+    rows = policy.chain.executed_rows
+    assert rows.stop - rows.start == policy.model.config.n_action_steps < 8  # rows left over
+    for explore_executed in (True, False):
+        settings = {**policy.config.__dict__, "explore_executed": explore_executed}
+        sampler = LeRobotPolicy(policy.config.__class__(**settings))
+        sampler.load_state_dict(policy.state_dict())
+        scored = unexecuted_rows_scored(sampler.eval(), obs, ["task"] * 4, rows)
+        assert scored != explore_executed
 
 
 def test_init_noise_zero_samples_around_the_greedy_chain(trained) -> None:

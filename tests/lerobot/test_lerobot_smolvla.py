@@ -96,20 +96,28 @@ def test_log_prob_recomputes_with_gradients(smolvla: Path) -> None:
     assert (moved - log_prob.detach()).abs().max() > 1e-3
 
 
-def test_noise_moves_the_action_values_only(smolvla: Path) -> None:
+@pytest.mark.parametrize("explore_executed", [False, True])
+def test_noise_moves_the_action_values_only(smolvla: Path, explore_executed: bool) -> None:
     """Each recorded step adds noise to the action's 4 values; the padding is the expert's Euler
-    mean exactly (so it adds nothing to the log-density)."""
+    mean exactly (so it adds nothing to the log-density). With explore_executed the noise is on
+    the 4 rows of the 8-row chunk a decision executes only."""
     policy = Policy.from_pretrained(smolvla).eval()
+    settings = {**policy.config.__dict__, "explore_executed": explore_executed}
+    policy = LeRobotPolicy(policy.config.__class__(**settings)).eval()
+    policy.load_state_dict(Policy.from_pretrained(smolvla).state_dict())
     obs = observations(policy, 2, seed=4)
     out = policy.act(obs, TASKS[:2], generator=torch.Generator().manual_seed(0))
     chain, taus = out.policy_outputs["chain"], out.policy_outputs["taus"]
+    noisy_rows = slice(0, 4) if explore_executed else slice(0, 8)
     with torch.no_grad():
         context = policy.chain.context(policy.lerobot_batch(obs, TASKS[:2]))
         for k in range(taus.shape[1]):
             mean = policy.chain.gaussian_step(chain[:, k], taus[:, k], context).mean
             noise = (chain[:, k + 1] - mean) / policy.config.min_std
-            torch.testing.assert_close(noise[..., 4:], torch.zeros_like(noise[..., 4:]))
-            assert 0.5 < noise[..., :4].std() < 2.0  # N(0, 1) draws on the action values
+            action = noise[:, noisy_rows, :4]
+            assert 0.5 < action.std() < 2.0  # N(0, 1) draws on the action values
+            noise[:, noisy_rows, :4] = 0
+            torch.testing.assert_close(noise, torch.zeros_like(noise))  # the rest: the mean
 
 
 def test_saved_in_lerobots_layout_and_loaded_both_ways(smolvla: Path, tmp_path: Path) -> None:
