@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from embodied.core.nn import build_vocab
 from embodied.policies import Policy, make_policy
@@ -51,8 +52,6 @@ def unexecuted_rows_scored(
     """Sample a chunk planner's decision, check its log-prob recomputes, then move the final
     chunk's rows outside ``executed`` (a horizon-8 planner from 2 observations executing 4
     actions: rows 1-4): does the log-prob change?"""
-    import torch
-
     out = policy.act(obs, instructions, generator=torch.Generator().manual_seed(0))
     recomputed = policy.log_prob(obs, instructions, out.policy_outputs)
     torch.testing.assert_close(recomputed, out.policy_outputs["log_probs"], atol=1e-4, rtol=0)

@@ -233,10 +233,10 @@ def grpo_loss(
     if ref_log_prob is not None:
         kl = masked_mean(kl_k3(log_prob, ref_log_prob), mask)
         loss = loss + kl_coef * kl
-    log_ratio = (log_prob - old_log_prob).detach()
     stats = {
         "policy_loss": float(policy_loss.detach()),
-        "sampling_kl": float(masked_mean(torch.expm1(log_ratio) - log_ratio, mask)),
+        # k3 with the roles swapped: samples come from pi_old, so rho - 1 - log rho
+        "sampling_kl": float(masked_mean(kl_k3(old_log_prob, log_prob.detach()), mask)),
         "clip_fraction": float(clipped.detach()),
         "ratio_mean": float(masked_mean(ratio.detach(), mask)),
         "kl": float(kl.detach()),
@@ -422,7 +422,6 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 t2 = time.perf_counter()
                 rng = np.random.default_rng([cfg.seed, iteration])
                 stats: list[dict[str, float]] = []
-                first = True
                 planned = cfg.epochs * -(-len(data) // cfg.minibatch_size)
                 batches = (
                     order[s : s + cfg.minibatch_size]
@@ -434,11 +433,10 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     if cfg.update_steps:
                         batch = batch.step_blocks(cfg.update_steps, rng)
                     log_prob = element_log_probs(policy, batch, device)
-                    if first:
+                    if not stats:  # the first minibatch, before any step
                         log["update/first_ratio_error"] = check_ratio(
                             log_prob, batch, cfg.ratio_tolerance
                         )
-                        first = False
                     ref = None
                     if reference is not None:
                         with torch.no_grad():

@@ -139,7 +139,7 @@ class LeRobotChain(nn.Module):
     time_dtype: ClassVar[torch.dtype]
     times: torch.Tensor  # [N] the chain's times, in order
 
-    def __init__(self, model: nn.Module, min_std: float, explore_executed: bool = False) -> None:
+    def __init__(self, model: nn.Module, min_std: float, explore_executed: bool) -> None:
         super().__init__()
         object.__setattr__(self, "model", model)  # not a submodule: no second copy of its weights
         self.min_std = min_std
@@ -197,7 +197,7 @@ class DiffusionChain(LeRobotChain):
     time_dtype = torch.long
 
     def __init__(
-        self, model: nn.Module, min_std: float, ddim_eta: float, explore_executed: bool = False
+        self, model: nn.Module, min_std: float, ddim_eta: float, explore_executed: bool
     ) -> None:
         super().__init__(model, min_std, explore_executed)
         diffusion = model.diffusion

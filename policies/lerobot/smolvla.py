@@ -44,7 +44,7 @@ class SmolVLAChain(LeRobotChain):
     time_key = "taus"
     time_dtype = torch.float32
 
-    def __init__(self, model: nn.Module, min_std: float, explore_executed: bool = False) -> None:
+    def __init__(self, model: nn.Module, min_std: float, explore_executed: bool) -> None:
         super().__init__(model, min_std, explore_executed)
         config = model.config
         if config.adapt_to_pi_aloha:
