@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from embodied.core.config import check_floats, check_ints
+from embodied.core.config import check_ints, check_scalars
 from embodied.core.features import ENV_STATE_KEY, STATE_KEY, ActionSpec, ObservationSpec
 from embodied.core.policy import ActionOutput, register_policy
 from embodied.core.sampling import randn
@@ -69,7 +69,7 @@ class MLPConfig:
 
     def __post_init__(self) -> None:
         """Refuse sizes and bounds that cannot build a policy, naming the field."""
-        check_floats(self)
+        check_scalars(self)
         check_ints(self, {"state_dim": 1, "action_dim": 1, "n_obs_steps": 1, "env_state_dim": 0})
         self.hidden = list(self.hidden)
         if not all(isinstance(h, int) and h >= 1 for h in self.hidden):

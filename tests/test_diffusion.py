@@ -255,6 +255,9 @@ def test_init_noise_zero_samples_around_the_greedy_chain():
     # an override the loader's schema does not type (policy_overrides.init_noise=abc)
     with pytest.raises(ValueError, match=r"DiffusionConfig.init_noise must be a number, got 'abc'"):
         tiny_config(init_noise="abc")
+    # a flag given a word the loader does not read as a bool would otherwise count as true
+    with pytest.raises(ValueError, match=r"DiffusionConfig.explore_executed must be true or false"):
+        tiny_config(explore_executed="abc")
 
 
 def test_explore_executed_scores_only_the_executed_rows():

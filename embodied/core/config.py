@@ -69,15 +69,20 @@ def check_ints(config: Any, lows: Mapping[str, int]) -> None:
             raise ValueError(f"{owner}.{name} must be an int >= {low}, got {value!r}")
 
 
-def check_floats(config: Any) -> None:
-    """Refuse a ``float`` field of a dataclass that holds no number (a policy override such as
-    ``policy_overrides.min_std=abc`` reaches a config unchecked by the loader's schema)."""
+def check_scalars(config: Any) -> None:
+    """Refuse a ``float`` field of a dataclass that holds no number, or a ``bool`` field that holds
+    no bool (a policy override such as ``policy_overrides.min_std=abc`` or
+    ``policy_overrides.explore_executed=abc`` reaches a config unchecked by the loader's schema)."""
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if f.type in ("float", float) and (
             not isinstance(value, int | float) or isinstance(value, bool)
         ):
             raise ValueError(f"{type(config).__name__}.{f.name} must be a number, got {value!r}")
+        if f.type in ("bool", bool) and not isinstance(value, bool):
+            raise ValueError(
+                f"{type(config).__name__}.{f.name} must be true or false, got {value!r}"
+            )
 
 
 def check_choice(config: Any, name: str, choices: Sequence[str]) -> None:

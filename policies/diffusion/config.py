@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from embodied.core.config import check_choice, check_floats, check_ints
+from embodied.core.config import check_choice, check_ints, check_scalars
 from embodied.core.nn import UNKNOWN_WORD
 from embodied.core.vision import (
     check_image_shift,
@@ -85,7 +85,7 @@ class DiffusionConfig:
 
     def __post_init__(self) -> None:
         """Refuse settings that cannot build a policy, naming the field."""
-        check_floats(self)
+        check_scalars(self)
         self.image_keys = list(self.image_keys)
         self.vocab = list(self.vocab)
         self.down_dims = list(self.down_dims)

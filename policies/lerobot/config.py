@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embodied.core.config import check_floats
+from embodied.core.config import check_scalars
 
 FINETUNING_NAME = "embodied_finetuning.json"
 PREPROCESSOR_NAME = "policy_preprocessor.json"
@@ -60,7 +60,7 @@ class LeRobotPolicyConfig:
     explore_executed: bool = False
 
     def __post_init__(self) -> None:
-        check_floats(self)
+        check_scalars(self)
         kind = self.lerobot.get("type")
         if kind not in SUPPORTED_TYPES:
             raise ValueError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from embodied.core.config import check_choice, check_floats, check_ints
+from embodied.core.config import check_choice, check_ints, check_scalars
 from embodied.core.nn import UNKNOWN_WORD, object_groups, tokenize_words
 from embodied.core.vision import (
     VISION_ENCODERS,
@@ -84,7 +84,7 @@ class VLAConfig:
 
     def __post_init__(self) -> None:
         """Refuse settings that cannot build a policy, naming the field."""
-        check_floats(self)
+        check_scalars(self)
         self.image_keys = list(self.image_keys)
         self.vision_channels = list(self.vision_channels)
         self.vocab = [str(w) for w in self.vocab]
