@@ -110,6 +110,30 @@ def test_ray_backend_gives_the_local_trajectories(ray_instance) -> None:
         local.close()
 
 
+def test_a_multi_task_run_fits_its_ray_actors_on_the_machine(ray_instance) -> None:
+    """Two tasks' backends take turns, so their four actors share the instance's two CPUs
+    (a CPU each would leave two of them waiting forever) and give the local trajectories."""
+    from embodied.train.grpo import GRPOConfig
+    from embodied.train.onpolicy import TaskGroups
+
+    policy, envs = _policy(), {"Reach": ENV, "Push": ENV}
+    cfg = GRPOConfig(group_size=2)
+    cfg.distributed = DistributedConfig(backend="ray", workers=2, envs_per_worker=2)
+    remote, local = TaskGroups(cfg, envs, policy, 3), TaskGroups(GRPOConfig(group_size=2), envs,
+                                                                policy, 3)  # fmt: skip
+    try:
+        workers = [w for backend in remote.backends.values() for w in backend.workers]
+        pids = ray_instance.get([w.pid.remote() for w in workers], timeout=120)
+        assert len(set(pids)) == 4
+        got, want = (g.run([3, 4, 5], group_size=2, sample_seed=7) for g in (remote, local))
+        assert [t.task for t in got] == ["Reach", "Reach", "Push", "Push", "Reach", "Reach"]
+        for x, y in zip(got, want, strict=True):
+            np.testing.assert_allclose(x.actions, y.actions, atol=1e-5)
+    finally:
+        remote.close()
+        local.close()
+
+
 def test_bench_rollout_compares_backends_with_the_sync_baseline(ray_instance, capsys) -> None:
     import json
 

@@ -12,7 +12,10 @@
   a warning and its chunk runs again on the others.
 
 ``address=""`` starts a private Ray instance (``num_cpus``); ``"auto"`` or ``ray://host:port``
-joins an existing cluster.
+joins an existing cluster. A multi-task run builds one backend per task and rolls the tasks out
+one after another, so each task's actors reserve ``1 / tasks`` of a CPU: ``workers`` CPUs in all,
+the ones that work at any time (a whole CPU each would leave a 2-CPU machine's third actor
+waiting for a CPU forever).
 """
 
 from __future__ import annotations
@@ -114,7 +117,12 @@ class RayRollouts:
     """Episodes split over Ray actors (see the module docstring)."""
 
     def __init__(
-        self, cfg: DistributedConfig, task: str, env_kwargs: dict[str, Any], policy: Any
+        self,
+        cfg: DistributedConfig,
+        task: str,
+        env_kwargs: dict[str, Any],
+        policy: Any,
+        cpus_per_worker: float = 1.0,
     ) -> None:
         try:
             import ray
@@ -131,7 +139,7 @@ class RayRollouts:
             elif cfg.num_cpus:
                 kwargs["num_cpus"] = cfg.num_cpus
             ray.init(**kwargs)
-        remote = ray.remote(num_cpus=1)(RolloutWorker)
+        remote = ray.remote(num_cpus=cpus_per_worker)(RolloutWorker)
         # A CPU copy for the workers: Module.to moves in place, and the learner keeps its device.
         cpu_policy = copy.deepcopy(policy).to("cpu")
         self.workers = [
@@ -202,10 +210,16 @@ def _split(items: list[int], parts: int) -> list[list[int]]:
 
 
 def make_rollouts(
-    cfg: DistributedConfig, task: str, env_kwargs: dict[str, Any], policy: Any, num_envs: int
+    cfg: DistributedConfig,
+    task: str,
+    env_kwargs: dict[str, Any],
+    policy: Any,
+    num_envs: int,
+    tasks: int = 1,
 ) -> LocalRollouts | RayRollouts:
-    """The configured backend (``num_envs`` is the local backend's vector size)."""
+    """The configured backend (``num_envs`` is the local backend's vector size) for one of
+    ``tasks`` backends that take turns (Ray actors reserve ``1 / tasks`` of a CPU each)."""
     validate(cfg)
     if cfg.backend == "local":
         return LocalRollouts(task, env_kwargs, policy, num_envs)
-    return RayRollouts(cfg, task, env_kwargs, policy)
+    return RayRollouts(cfg, task, env_kwargs, policy, cpus_per_worker=1.0 / tasks)

@@ -165,7 +165,7 @@ class TaskGroups:
         try:
             for task, kwargs in envs.items():
                 self.backends[task] = make_rollouts(
-                    cfg.distributed, task, kwargs, policy, cfg.num_envs or share
+                    cfg.distributed, task, kwargs, policy, cfg.num_envs or share, len(envs)
                 )
         except BaseException:
             self.close()
