@@ -112,7 +112,8 @@ def test_ray_backend_gives_the_local_trajectories(ray_instance) -> None:
 
 def test_a_multi_task_run_fits_its_ray_actors_on_the_machine(ray_instance) -> None:
     """Two tasks' backends take turns, so their four actors share the instance's two CPUs
-    (a CPU each would leave two of them waiting forever) and give the local trajectories."""
+    (a CPU each would leave two of them waiting forever) and give the local trajectories; more
+    workers than the instance has CPUs is refused by name instead of waiting."""
     from embodied.train.grpo import GRPOConfig
     from embodied.train.onpolicy import TaskGroups
 
@@ -123,6 +124,9 @@ def test_a_multi_task_run_fits_its_ray_actors_on_the_machine(ray_instance) -> No
                                                                 policy, 3)  # fmt: skip
     try:
         workers = [w for backend in remote.backends.values() for w in backend.workers]
+        with pytest.raises(ValueError, match=r"distributed.workers=3: the local Ray instance has "
+                           r"2 CPUs"):  # fmt: skip
+            make_rollouts(DistributedConfig(backend="ray", workers=3), "Reach", ENV, policy, 1)
         pids = ray_instance.get([w.pid.remote() for w in workers], timeout=120)
         assert len(set(pids)) == 4
         got, want = (g.run([3, 4, 5], group_size=2, sample_seed=7) for g in (remote, local))

@@ -139,6 +139,12 @@ class RayRollouts:
             elif cfg.num_cpus:
                 kwargs["num_cpus"] = cfg.num_cpus
             ray.init(**kwargs)
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if not cfg.address and cfg.workers > cpus:  # a cluster may add nodes; this machine won't
+            raise ValueError(
+                f"distributed.workers={cfg.workers}: the local Ray instance has {cpus:g} CPUs and "
+                "a worker takes one; use at most that many workers (or raise distributed.num_cpus)"
+            )
         remote = ray.remote(num_cpus=cpus_per_worker)(RolloutWorker)
         # A CPU copy for the workers: Module.to moves in place, and the learner keeps its device.
         cpu_policy = copy.deepcopy(policy).to("cpu")
