@@ -17,7 +17,7 @@ synthetic failures a reward model also needs).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import cv2
 import numpy as np
@@ -353,7 +353,7 @@ def time_labels(num_frames: int, success: bool, final: float | None = None) -> n
 def label_trajectories(
     trajs: Sequence[Trajectory],
     method: str = "procedure",
-    n_stages: int | None = None,
+    n_stages: int | Mapping[str, int] | None = None,
     frames_key: str = "pixels",
     camera: str | None = None,
     budgets: np.ndarray | None = None,
@@ -363,7 +363,9 @@ def label_trajectories(
 
     For "procedure", budgets (duration shares, unless given) and the typical change per stage come
     from the successful episodes among ``trajs``; ``n_stages`` defaults to ``len(budgets)`` or the
-    highest stage seen + 1 (pass the task's stage count when some stage may be missing).
+    highest stage seen + 1 (pass the task's stage count when some stage may be missing; a mapping
+    gives it per task). A task with no successful episode but a known stage count gets uniform
+    budgets (its failures are labelled by the stages they reached); without either it is an error.
 
     A ReWiND episode (``metadata["synthetic"] == "rewind"``, from ``rewind``) is labelled the way
     ReWiND does it: the forward part obs[0..split] by the procedure rules as an unfinished episode,
@@ -398,13 +400,18 @@ def label_trajectories(
             labels_by_index.update(zip(members, group, strict=True))
         return [labels_by_index[i] for i in range(len(trajs))]
 
+    if isinstance(n_stages, Mapping):
+        n_stages = n_stages.get(tasks[0])
     successful = [index for index, t in enumerate(trajs) if t.success]
     if budgets is None and not successful:
-        raise ValueError(
-            "procedure labels need at least one successful trajectory to set the stage budgets "
-            f"(none of the {len(trajs)} {tasks[0] or 'unnamed-task'} trajectories succeeded); "
-            "pass budgets= (e.g. stage_budgets(..., method='uniform')) to label failures alone"
-        )
+        if n_stages is None:
+            raise ValueError(
+                "procedure labels need at least one successful trajectory to set the stage "
+                f"budgets (none of the {len(trajs)} {tasks[0] or 'unnamed-task'} trajectories "
+                "succeeded); pass the task's stage count (n_stages=) or budgets= to label "
+                "failures alone"
+            )
+        budgets = stage_budgets([], n_stages, method="uniform")
     stages = [observation_stages(t) for t in trajs]
     if n_stages is None:
         n_stages = len(budgets) if budgets is not None else max(int(s.max()) for s in stages) + 1

@@ -23,6 +23,7 @@ from embodied.sims.registry import (  # noqa: E402
     register_task,
     suite_of,
     task_id,
+    task_stages,
     unregister_task,
 )
 from embodied.sims.replay import (  # noqa: E402
@@ -64,6 +65,7 @@ __all__ = [
     "skips_unread_images",
     "supports_render_state",
     "task_id",
+    "task_stages",
     "task_module",
     "unregister_task",
     "worker_context",

@@ -77,6 +77,17 @@ def get_task(task: str) -> type[Task]:
     return _TASKS[name]
 
 
+def task_stages(task: str) -> tuple[str, ...]:
+    """Ordered stage names of a task, which its ``info["stage"]`` indexes: a tabletop task (name
+    or id) or a Meta-World task, with its ``metaworld/`` prefix or bare as datasets name it."""
+    name = task.removeprefix(METAWORLD_PREFIX)
+    if name == task and not name.endswith("-v3"):  # Meta-World's names end in their version
+        return get_task(task).stages
+    from embodied.sims.metaworld_stages import stage_rule  # no Meta-World import
+
+    return stage_rule(name).names
+
+
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 

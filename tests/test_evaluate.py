@@ -207,6 +207,36 @@ def test_eval_records_its_episodes_as_a_dataset_to_label_and_train_on(tmp_path: 
     assert sorted(tmp_path.iterdir()) == runs  # refused before any run directory
 
 
+def test_label_gives_a_task_the_policy_never_solved_uniform_stage_budgets(tmp_path: Path) -> None:
+    """A policy's own rollouts of several tasks, one of which it never solves (a weak planner's
+    MT10 pick-place), get labelled: that task's failures on uniform budgets over its stages, named
+    in the summary line. Before, one such task refused the whole dataset."""
+    from embodied.apps.label import run_label
+    from embodied.datasets import LeRobotDataset
+    from embodied.rewards.labels import observation_stages
+
+    data = tmp_path / "data"
+    common = ["--videos", "0", "--out", str(tmp_path), "--record", str(data),
+              "env.obs_mode=pixels_state", "env.image_size=32"]  # fmt: skip
+    assert main(["eval", "--policy", "expert", "--tasks", "Reach", "--episodes", "1", *common]) == 0
+    assert main(["eval", "--policy", "random", "--tasks", "Push", "--episodes", "2", *common]) == 0
+    summary = run_label(data)
+    assert summary.uniform == ("Push",) and summary.final_success == 1.0
+    assert summary.line().endswith("uniform stage budgets (no success) for Push"), summary.line()
+    dataset = LeRobotDataset(data)
+    for i in range(1, 3):  # Push has two stages: each owns half of the progress
+        traj = dataset.episode(i)
+        labels = dataset.episode_frames(i, keys=["progress.label"])["progress.label"].ravel()
+        stages = observation_stages(traj)
+        assert traj.task == "Push" and not traj.success and labels[-1] < 1.0
+        assert np.all(labels >= stages / 2) and np.all(labels <= (stages + 1) / 2)
+    assert sims.task_stages("Push") == ("approach", "push")
+    assert sims.task_stages("metaworld/pick-place-v3") == ("approach", "grasp", "carry")
+    assert sims.task_stages("pick-place-v3") == sims.task_stages("metaworld/pick-place-v3")
+    with pytest.raises(ValueError, match="'Pusj'"):
+        sims.task_stages("Pusj")
+
+
 def test_eval_refuses_bad_input_before_any_rollout(tmp_path: Path) -> None:
     from embodied.policies import make_policy
 

@@ -189,6 +189,11 @@ def test_mixed_task_datasets_are_labelled_task_by_task(experts, pick_failures):
             np.testing.assert_array_equal(labels[i], expected)
     with pytest.raises(ValueError, match="PickPlace"):
         label_trajectories([experts["Push"][0], *pick_failures])
+    # Given its stage count, a task without a success is labelled on uniform budgets.
+    labels = label_trajectories([experts["Push"][0], *pick_failures], n_stages={"PickPlace": 5})
+    uniform = label_trajectories(pick_failures, budgets=stage_budgets([], 5, method="uniform"))
+    for got, expected in zip(labels[1:], uniform, strict=True):
+        np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize("change_method", ["diff", "flow"])

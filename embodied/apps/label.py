@@ -2,7 +2,9 @@
 
 ``procedure`` labels follow ProcVLM: each subtask stage gets a progress budget and spreads it over
 its frames in proportion to visual change; ``time`` labels interpolate linearly (the naive
-baseline). Budgets come from the dataset's own successful episodes.
+baseline). Budgets come from the dataset's own successful episodes; a task none of whose episodes
+succeeded (a policy's own rollouts of a task it cannot do yet) gets uniform budgets over its
+stages, so one such task does not stop a whole multi-task dataset from being labelled.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 from embodied.core.features import CAMERA_PREFIX, is_image_key
 from embodied.datasets import LeRobotDataset, LeRobotDatasetWriter
 from embodied.rewards.labels import label_trajectories
+from embodied.sims import task_stages
 
 METHODS = ("procedure", "time")
 
@@ -29,6 +32,7 @@ class LabelSummary:
     method: str
     final_success: float  # mean final label of successful episodes
     final_failure: float  # mean final label of failed episodes (nan if none)
+    uniform: tuple[str, ...] = ()  # procedure: tasks without a success, labelled on uniform budgets
 
     def line(self) -> str:
         """One line for the terminal."""
@@ -36,10 +40,12 @@ class LabelSummary:
         def mean(value: float, of: str) -> str:
             return f"no {of}" if math.isnan(value) else f"{value:.3f} on {of}"
 
+        uniform = f"; uniform stage budgets (no success) for {', '.join(self.uniform)}"
         return (
             f"labelled {self.episodes} episodes with '{self.method}' progress "
             f"({self.successes} successful): mean final label "
             f"{mean(self.final_success, 'successes')}, {mean(self.final_failure, 'failures')}"
+            f"{uniform if self.uniform else ''}"
         )
 
 
@@ -59,7 +65,8 @@ def run_label(
         dataset = LeRobotDataset(root)
         _check_camera(dataset, camera)
         trajs = [dataset.episode(i) for i in range(dataset.num_episodes)]
-        labels = label_trajectories(trajs, method=method, camera=camera)
+        stage_counts = {t.task: len(task_stages(t.task)) for t in trajs if _known(t.task)}
+        labels = label_trajectories(trajs, method=method, n_stages=stage_counts, camera=camera)
         writer.add_frame_feature(
             "progress.label",
             [np.asarray(lab, dtype=np.float32) for lab in labels],
@@ -68,13 +75,26 @@ def run_label(
         )
     finals = np.array([lab[-1] for lab in labels], dtype=np.float64)
     success = np.array([t.success for t in trajs], dtype=bool)
+    solved = {t.task for t in trajs if t.success}
     return LabelSummary(
         len(trajs),
         int(success.sum()),
         method,
         float(finals[success].mean()) if success.any() else float("nan"),
         float(finals[~success].mean()) if (~success).any() else float("nan"),
+        tuple(dict.fromkeys(t.task for t in trajs if t.task not in solved))
+        if method == "procedure"
+        else (),
     )
+
+
+def _known(task: str) -> bool:
+    """Whether the simulators know ``task``'s stages (a dataset may come from elsewhere)."""
+    try:
+        task_stages(task)
+    except ValueError:
+        return False
+    return True
 
 
 def _check_camera(dataset: LeRobotDataset, camera: str | None) -> None:
