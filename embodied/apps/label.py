@@ -65,7 +65,8 @@ def run_label(
         dataset = LeRobotDataset(root)
         _check_camera(dataset, camera)
         trajs = [dataset.episode(i) for i in range(dataset.num_episodes)]
-        stage_counts = {t.task: len(task_stages(t.task)) for t in trajs if _known(t.task)}
+        counts = {task: _stage_count(task) for task in dict.fromkeys(t.task for t in trajs)}
+        stage_counts = {task: n for task, n in counts.items() if n is not None}
         labels = label_trajectories(trajs, method=method, n_stages=stage_counts, camera=camera)
         writer.add_frame_feature(
             "progress.label",
@@ -88,13 +89,13 @@ def run_label(
     )
 
 
-def _known(task: str) -> bool:
-    """Whether the simulators know ``task``'s stages (a dataset may come from elsewhere)."""
+def _stage_count(task: str) -> int | None:
+    """How many stages the simulators give ``task``; None for a task they do not know (a
+    dataset may come from elsewhere)."""
     try:
-        task_stages(task)
+        return len(task_stages(task))
     except ValueError:
-        return False
-    return True
+        return None
 
 
 def _check_camera(dataset: LeRobotDataset, camera: str | None) -> None:
