@@ -153,8 +153,12 @@ def test_eval_expert_and_random_write_a_complete_report(tmp_path: Path, capsys) 
          "--videos", "1", "--out", str(tmp_path), "image_size=64"]
     )  # fmt: skip
     assert code == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert re.search(r"\| Reach \| 3 \| 100% \| 44%-100% \|", out), out
+    # A line on stderr as each task finishes: a long suite can be read as it goes.
+    lines = [line for line in err.splitlines() if line.startswith("[")]
+    assert [line.split(":")[0] for line in lines] == ["[1/2] Reach", "[2/2] Push"], err
+    assert lines[0].startswith("[1/2] Reach: 100% (44%-100%) of 3 episodes, "), err
     assert "suite average" in out
     (run,) = tmp_path.iterdir()
     results = json.loads((run / "results.json").read_text())

@@ -12,6 +12,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from embodied import __version__
@@ -72,7 +73,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from embodied.evaluation.suite import EvalConfig, run_eval
 
     flags = ("policy", "suite", "tasks", "episodes", "seed", "videos", "workers", "out", "record")
-    run, results = run_eval(_config(EvalConfig, args, flags))
+    echo = partial(print, file=sys.stderr, flush=True)  # stdout keeps just the table
+    run, results = run_eval(_config(EvalConfig, args, flags), echo=echo)
     print(markdown_table(*eval_table(results)))
     print(f"\nreport: {run.path / 'report.html'}")
     return 0
