@@ -52,10 +52,6 @@ SUMMARY_HEADERS = ("task", "BC success", "GRPO success", "change", "intervals se
                    "collisions/episode", "final progress")  # fmt: skip
 
 
-def _pct(result: Any) -> str:
-    return f"{result.success_rate:.0%} ({result.ci_low:.0%}-{result.ci_high:.0%})"
-
-
 def _pair(before: float | None, after: float | None) -> str:
     if before is None or after is None:
         return "n/a"
@@ -67,8 +63,8 @@ def summary_rows(outcomes: Sequence[TaskOutcome]) -> list[list[str]]:
     return [
         [
             o.task,
-            _pct(o.bc),
-            _pct(o.grpo),
+            o.bc.success_text(),
+            o.grpo.success_text(),
             f"{(o.grpo.success_rate - o.bc.success_rate) * 100:+.0f} points",
             "yes" if o.separated else "no",
             _pair(o.bc.collisions_per_episode, o.grpo.collisions_per_episode),

@@ -54,6 +54,10 @@ class EvalResult:
     episode_successes: list[bool] = field(default_factory=list, repr=False)
     episode_seeds: list[int | None] = field(default_factory=list, repr=False)
 
+    def success_text(self) -> str:
+        """``62% (48%-74%)``: the success rate and its Wilson interval, for a line or a cell."""
+        return f"{self.success_rate:.0%} ({self.ci_low:.0%}-{self.ci_high:.0%})"
+
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         """Flat metrics for the logger."""
         out = {

@@ -341,9 +341,8 @@ def run_eval(
 def _task_line(result: EvalResult, step: int, total: int, seconds: float) -> str:
     """``[2/10] metaworld/push-v3: 4% (1%-14%) of 50 episodes, 6.1 min in``."""
     return (
-        f"[{step + 1}/{total}] {result.task}: {result.success_rate:.0%} "
-        f"({result.ci_low:.0%}-{result.ci_high:.0%}) of {result.episodes} episodes, "
-        f"{seconds / 60:.1f} min in"
+        f"[{step + 1}/{total}] {result.task}: {result.success_text()} "
+        f"of {result.episodes} episodes, {seconds / 60:.1f} min in"
     )
 
 
