@@ -12,6 +12,7 @@ import torch
 from embodied.apps.collect import CollectConfig, run_collect
 from embodied.core.nn import build_vocab
 from embodied.core.run import read_metrics
+from embodied.datasets import LeRobotDataset
 from embodied.policies import Policy, make_policy
 from embodied.rewards import ProgressConfig, ProgressRewardModel
 from embodied.train.anchor import DemoAnchor
@@ -78,6 +79,17 @@ def test_the_anchor_pulls_the_policy_to_the_demonstrations(saved, tmp_path: Path
     assert after_anchored < after_plain - 0.5
 
 
+def test_the_anchor_can_read_only_the_first_demos_of_each_task(saved) -> None:
+    """A policy trained on one demo per task (BC's ``episodes_per_task``) is anchored to those."""
+    policy = Policy.from_pretrained(saved["policy"])
+    every = DemoAnchor(str(saved["demos"]), policy, batch_size=4)
+    first = DemoAnchor(str(saved["demos"]), policy, batch_size=4, episodes_per_task=1)
+    lengths = LeRobotDataset(saved["demos"]).episode_lengths()
+    assert len(lengths) == 4
+    assert len(first.windows) == lengths[0] and len(every.windows) == sum(lengths)
+    assert {episode for episode, _ in first.windows.index} == {0}
+
+
 def test_bad_anchor_settings_are_refused_by_name(saved, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs both anchor_dataset and anchor_coef > 0; got "
                        "anchor_dataset='', anchor_coef=1.0"):  # fmt: skip
@@ -87,6 +99,12 @@ def test_bad_anchor_settings_are_refused_by_name(saved, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dataset"
     with pytest.raises(ValueError, match=f"anchor_dataset='{missing}': "):
         train_grpo(_cfg(saved, tmp_path / "runs", anchor_dataset=str(missing), anchor_coef=1.0))
+    with pytest.raises(ValueError, match="episodes_per_task = 5, but .* has only 4 episodes of "
+                       "task 'Reach'"):  # fmt: skip
+        train_grpo(_cfg(saved, tmp_path / "runs", anchor_dataset=str(saved["demos"]),
+                        anchor_coef=1.0, anchor_episodes_per_task=5))  # fmt: skip
+    with pytest.raises(ValueError, match="anchor_episodes_per_task = 1 picks demos of the BC "):
+        train_grpo(_cfg(saved, tmp_path / "runs", anchor_episodes_per_task=1))
     assert not (tmp_path / "runs").exists()  # refused before the run directory is made
     # demos the policy cannot read: a 2-D state policy against Reach's 4-D state
     narrow = make_policy("mlp", state_dim=2, action_dim=4, env_state_dim=39, hidden=[8])

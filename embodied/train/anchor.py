@@ -32,20 +32,27 @@ from embodied.core.policy import Policy
 from embodied.datasets import LeRobotDataset
 from embodied.datasets.training import BCDataset
 from embodied.rollout.episodes import decision_bc_windows
+from embodied.train.bc import first_episodes_per_task
 from embodied.train.loop import load_batch, to_device
 
 
 class DemoAnchor:
     """Expert windows of a LeRobot dataset shaped for ``policy``'s BC loss, drawn at random."""
 
-    def __init__(self, dataset: str, policy: Policy, batch_size: int) -> None:
+    def __init__(
+        self, dataset: str, policy: Policy, batch_size: int, episodes_per_task: int = 0
+    ) -> None:
         """Open ``dataset`` and compute one loss on it, so data the policy cannot read (other
-        features, action sizes or instructions) is an error naming the dataset before training."""
+        features, action sizes or instructions) is an error naming the dataset before training.
+        ``episodes_per_task``: the first k episodes of each task (BC's option of that name, so a
+        policy trained on a subset is anchored to the demonstrations it learned); 0: all."""
         self.batch_size = batch_size
         try:
             spec = policy.observation_spec
-            self.windows = BCDataset(LeRobotDataset(dataset), spec.n_obs_steps,
-                                     policy.bc_horizon, keys=policy.training_keys())  # fmt: skip
+            data = LeRobotDataset(dataset)
+            self.windows = BCDataset(data, spec.n_obs_steps, policy.bc_horizon,
+                                     episodes=first_episodes_per_task(data, episodes_per_task),
+                                     keys=policy.training_keys())  # fmt: skip
             if len(self.windows) == 0:
                 raise ValueError("it holds no frames")
             with torch.no_grad():

@@ -119,6 +119,8 @@ class GRPOConfig(OnPolicyConfig):
     anchor_dataset: str = ""  # expert demonstrations (LeRobot) for the BC anchor
     anchor_coef: float = setting(0.0, low=0.0)  # its weight; 0: no anchor
     anchor_batch_size: int = setting(32, low=1)  # its windows per minibatch
+    anchor_episodes_per_task: int = setting(0, low=0)  # the first k demos of each task (as BC's
+    # episodes_per_task, for a policy trained on a subset); 0: all
     imitate_coef: float = setting(0.0, low=0.0)  # self-imitation: the BC loss on decisions of
     # the iteration's trajectories with a positive advantage; 0: none
     imitate_batch_size: int = setting(32, low=1)  # its windows per minibatch
@@ -143,6 +145,11 @@ class GRPOConfig(OnPolicyConfig):
             raise ValueError(
                 f"the BC anchor needs both anchor_dataset and anchor_coef > 0; got "
                 f"anchor_dataset={self.anchor_dataset!r}, anchor_coef={self.anchor_coef}"
+            )
+        if self.anchor_episodes_per_task and not self.anchor_dataset:
+            raise ValueError(
+                f"anchor_episodes_per_task = {self.anchor_episodes_per_task} picks demos of the BC "
+                "anchor: set anchor_dataset and anchor_coef too"
             )
         if self.keep_low > self.keep_high:
             raise ValueError(
@@ -267,7 +274,8 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     reference = copy.deepcopy(policy).requires_grad_(False) if cfg.kl_coef > 0 else None
     anchor = None
     if cfg.anchor_coef > 0:
-        anchor = DemoAnchor(cfg.anchor_dataset, policy, cfg.anchor_batch_size)
+        anchor = DemoAnchor(cfg.anchor_dataset, policy, cfg.anchor_batch_size,
+                            cfg.anchor_episodes_per_task)  # fmt: skip
     reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
     returns_of = TrajectoryScore(
         {
