@@ -167,6 +167,8 @@ def test_sigkill_keeps_every_episode_finished_before(
             if process.wait() == 0:  # it had finished: that was no kill, try again
                 check_kept(root, before, reference, len(reference))
                 completed += 1
+                # the reference ran slower than this run (a machine whose load fell): aim earlier
+                last_moment = min(last_moment, 0.8 * (finished(log)[-1][0] - launched))
                 assert completed <= KILLS, (
                     f"{completed} collections finished before their kill: {EPISODES} episodes are "
                     "too few on this machine; raise EMBODIED_FAULT_EPISODES"
