@@ -99,8 +99,8 @@ def test_bad_anchor_settings_are_refused_by_name(saved, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dataset"
     with pytest.raises(ValueError, match=f"anchor_dataset='{missing}': "):
         train_grpo(_cfg(saved, tmp_path / "runs", anchor_dataset=str(missing), anchor_coef=1.0))
-    with pytest.raises(ValueError, match="episodes_per_task = 5, but .* has only 4 episodes of "
-                       "task 'Reach'"):  # fmt: skip
+    with pytest.raises(ValueError, match="anchor_episodes_per_task = 5, but .* has only 4 "
+                       "episodes of task 'Reach'"):  # fmt: skip
         train_grpo(_cfg(saved, tmp_path / "runs", anchor_dataset=str(saved["demos"]),
                         anchor_coef=1.0, anchor_episodes_per_task=5))  # fmt: skip
     with pytest.raises(ValueError, match="anchor_episodes_per_task = 1 picks demos of the BC "):

@@ -51,7 +51,8 @@ class DemoAnchor:
             spec = policy.observation_spec
             data = LeRobotDataset(dataset)
             self.windows = BCDataset(data, spec.n_obs_steps, policy.bc_horizon,
-                                     episodes=first_episodes_per_task(data, episodes_per_task),
+                                     episodes=first_episodes_per_task(
+                                         data, episodes_per_task, "anchor_episodes_per_task"),
                                      keys=policy.training_keys())  # fmt: skip
             if len(self.windows) == 0:
                 raise ValueError("it holds no frames")

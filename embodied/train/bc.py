@@ -110,10 +110,12 @@ def start_policy(
     return policy
 
 
-def first_episodes_per_task(dataset: LeRobotDataset, per_task: int) -> list[int] | None:
+def first_episodes_per_task(
+    dataset: LeRobotDataset, per_task: int, setting: str = "episodes_per_task"
+) -> list[int] | None:
     """The indices of the first ``per_task`` episodes of each task (its ``task_name``, or its
     instructions in a dataset LeRobot wrote), or None (every episode) at 0; a task with fewer
-    episodes is an error naming it."""
+    episodes is an error naming it and the ``setting`` that asked."""
     if per_task == 0:
         return None
     by_task: dict[str, list[int]] = {}
@@ -124,8 +126,7 @@ def first_episodes_per_task(dataset: LeRobotDataset, per_task: int) -> list[int]
     if short:
         task, count = next(iter(short.items()))
         raise ValueError(
-            f"episodes_per_task = {per_task}, but {dataset.root} has only {count} episodes of "
-            f"task {task!r}"
+            f"{setting} = {per_task}, but {dataset.root} has only {count} episodes of task {task!r}"
         )
     return sorted(e for eps in by_task.values() for e in eps[:per_task])
 
