@@ -141,7 +141,7 @@ def test_a_multi_task_run_fits_its_ray_actors_on_the_machine(ray_instance) -> No
 def test_bench_rollout_compares_backends_with_the_sync_baseline(ray_instance, capsys) -> None:
     import json
 
-    from embodied.apps.bench.rollout import CAMERA_EVERY, CAMERA_READ
+    from embodied.apps.bench.rollout import CAMERA_EVERY, CAMERA_ONE, CAMERA_READ
     from embodied.apps.cli import main
 
     assert main(["bench", "rollout", "--json", "--task", "Reach", "--envs", "2",
@@ -149,11 +149,13 @@ def test_bench_rollout_compares_backends_with_the_sync_baseline(ray_instance, ca
                  "--max-steps", "16"]) == 0  # fmt: skip
     rows = {r["backend"]: r for r in json.loads(capsys.readouterr().out)}
     every, read = CAMERA_EVERY, CAMERA_READ
-    assert set(rows) == {"sync", "async", "ray", every, read}
+    assert set(rows) == {"sync", "async", "ray", every, read, CAMERA_ONE}
     assert rows["sync"]["speedup"] == 1.0 and rows["ray"]["envs"] == 2
     assert rows[every]["speedup"] == 1.0 and rows[read]["baseline"] == f"{every} (2 envs)"
     state = [rows[b] for b in ("sync", "async", "ray")]
     assert all(r["steps_per_s"] > 0 and r["baseline"] == "sync (2 envs)" for r in state)
     assert rows[read]["steps_per_s"] > 0
+    one = rows[CAMERA_ONE]  # one policy call per sub-env step, against the batched call of two
+    assert (one["envs"], one["baseline"]) == (1, f"{read} (2 envs)") and one["steps_per_s"] > 0
     for r in rows.values():  # episodes cut at --max-steps (Reach's own limit is 80 steps)
         assert r["steps_per_s"] * 60 / r["episodes_per_min"] == pytest.approx(16)

@@ -435,3 +435,39 @@ def test_eval_policy_overrides_change_the_saved_config_not_the_weights(tmp_path:
         run_eval(EvalConfig(tasks=["Reach"], policy_overrides={"min_std": 0.2},
                             out=str(tmp_path / "bad")))  # fmt: skip
     assert not (tmp_path / "bad").exists()
+
+
+def test_eval_envs_step_in_one_process_with_one_policy_call_per_step(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """``envs=N`` runs N sub-envs in this process, acted on by one batched policy call per step
+    (where a pixel planner's time goes), with each seed's episode as one sub-env runs it."""
+    from embodied.policies import make_policy
+
+    make_policy("mlp", state_dim=4, action_dim=4).save_pretrained(tmp_path / "p")
+    kind = type(Policy.from_pretrained(tmp_path / "p"))
+    calls: list[int] = []
+    act = kind.act
+
+    def counted(self: Policy, obs: dict, *args, **kwargs) -> object:
+        calls.append(len(obs["observation.state"]))
+        return act(self, obs, *args, **kwargs)
+
+    monkeypatch.setattr(kind, "act", counted)
+    runs, batches = {}, {}
+    for name, options in [("one", {}), ("four", {"envs": 4})]:
+        calls.clear()
+        cfg = EvalConfig(policy=str(tmp_path / "p"), tasks=["Reach"], episodes=6, videos=0,
+                         out=str(tmp_path / name), **options)  # fmt: skip
+        _, (runs[name],) = run_eval(cfg)
+        batches[name] = list(calls)
+    assert set(batches["one"]) == {1} and len(batches["one"]) == 6 * 80  # Reach runs 80 steps
+    assert max(batches["four"]) == 4 and len(batches["four"]) == 2 * 80  # 4, then the last 2
+    for key in ("episode_seeds", "episode_successes", "progress_curves"):
+        assert getattr(runs["four"], key) == getattr(runs["one"], key), key
+    expert = [EvalConfig(tasks=["Push"], episodes=3, videos=0, out=str(tmp_path / f"e{n}"), envs=n)
+              for n in (0, 3)]  # fmt: skip
+    one, three = (run_eval(cfg)[1][0] for cfg in expert)
+    assert three.progress_curves == one.progress_curves and three.success_rate == 1.0
+    with pytest.raises(ValueError, match=r"envs = 2 .* workers = 2 .* set one of them"):
+        run_eval(EvalConfig(tasks=["Reach"], envs=2, workers=2, out=str(tmp_path / "bad")))

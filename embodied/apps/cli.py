@@ -72,7 +72,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from embodied.evaluation.report import eval_table, markdown_table
     from embodied.evaluation.suite import EvalConfig, run_eval
 
-    flags = ("policy", "suite", "tasks", "episodes", "seed", "videos", "workers", "out", "record")
+    flags = ("policy", "suite", "tasks", "episodes", "seed", "videos", "workers", "envs", "out",
+             "record")  # fmt: skip
     echo = partial(print, file=sys.stderr, flush=True)  # stdout keeps just the table
     run, results = run_eval(_config(EvalConfig, args, flags), echo=echo)
     print(markdown_table(*eval_table(results)))
@@ -236,6 +237,11 @@ def build_parser(benches: bool = True) -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, help="first seed (default 100000, held out)")
     ev.add_argument("--videos", type=int, help="videos per task")
     ev.add_argument("--workers", type=int, help="parallel env workers")
+    ev.add_argument(
+        "--envs",
+        type=int,
+        help="sub-envs in this process, one batched policy call (a pixel planner: faster)",
+    )
     ev.add_argument("--record", help="LeRobot dataset to write (or append) every episode to")
     ev.add_argument("--out", help="root directory of the run")
     ev.set_defaults(func=_cmd_eval)

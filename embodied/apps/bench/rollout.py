@@ -1,5 +1,7 @@
 """``embodied bench rollout``: GRPO-style rollouts on each backend, against a sync vector env; and
-a camera planner's rollouts rendering only the images it reads, against rendering every step."""
+a camera planner's rollouts rendering only the images it reads, against rendering every step, and
+on one sub-env (one policy call per episode step, as ``embodied eval --workers 1`` runs) against the
+batched call of several (``--envs``)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from embodied.rollout.backends import DistributedConfig, LocalRollouts, make_rol
 
 CAMERA_EVERY = "sync, camera planner, every image rendered"
 CAMERA_READ = "sync, camera planner, read images rendered"
+CAMERA_ONE = "sync, camera planner, read images rendered, one env"
+BASELINES = {CAMERA_EVERY: CAMERA_EVERY, CAMERA_READ: CAMERA_EVERY, CAMERA_ONE: CAMERA_READ}
 READ = {"render_state": True}  # what lets a rollout skip the images no policy reads
 
 
@@ -46,8 +50,8 @@ def bench_rollout(
     async one (a process per env), and Ray actors when Ray is installed. Then the demo's camera
     planner (64 px front camera, 4 actions per decision) on a sync vector env rendering only the
     images it reads (``render_state``: the rest are replayed when read), against rendering
-    every step. ``max_steps`` > 0 cuts episodes at that many steps (the task's own limit
-    otherwise)."""
+    every step, and on a single sub-env against the batched ones. ``max_steps`` > 0 cuts
+    episodes at that many steps (the task's own limit otherwise)."""
 
     if max_steps < 0:
         raise ValueError(f"max_steps = {max_steps}: expected >= 0 (0: the task's own limit)")
@@ -68,6 +72,7 @@ def bench_rollout(
         ("async", envs, lambda: LocalRollouts(task, env_kwargs, policy, envs, asynchronous=True)),
         (CAMERA_EVERY, envs, lambda: LocalRollouts(task, every, camera, envs)),
         (CAMERA_READ, envs, lambda: LocalRollouts(task, every | READ, camera, envs)),
+        (CAMERA_ONE, 1, lambda: LocalRollouts(task, every | READ, camera, 1)),
     ]
     try:
         import ray  # noqa: F401
@@ -106,7 +111,7 @@ def bench_rollout(
         )
     rows = []
     for name, (count, steps, eps) in rates.items():
-        base = CAMERA_EVERY if name.startswith("sync, camera") else "sync"
-        label = f"{base} ({envs} envs)"
+        base = BASELINES.get(name, "sync")
+        label = f"{base} ({rates[base][0]} envs)"
         rows.append(RolloutRow(name, count, steps, eps, label, steps / rates[base][1]))
     return rows
