@@ -36,9 +36,10 @@ bottom:
                 + imitate_coef * L_BC(own windows with A > 0)
 
    With ``target_kl`` the iteration's update ends at the first minibatch whose estimated KL to
-   the sampling policy, ``mean(rho - 1 - log rho)``, exceeds it (Stable-Baselines3's
-   ``target_kl``): Adam moves every weight by about ``lr`` a step whatever the gradient's scale,
-   so the optimizer steps, not the loss, set how far one iteration goes.
+   the sampling policy, ``mean(rho - 1 - log rho)``, exceeds it (Stable-Baselines3's early
+   stop, which waits for 1.5 x ``target_kl``): Adam moves every weight by about ``lr`` a step
+   whatever the gradient's scale, so the optimizer steps, not the loss, set how far one
+   iteration goes.
 
    ``L_BC(demos)`` is the policy's BC loss on a batch of expert windows of ``anchor_dataset``
    (``embodied.train.anchor``; DAPG's augmented gradient): it keeps a multi-task policy's
