@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -469,5 +470,40 @@ def test_eval_envs_step_in_one_process_with_one_policy_call_per_step(
               for n in (0, 3)]  # fmt: skip
     one, three = (run_eval(cfg)[1][0] for cfg in expert)
     assert three.progress_curves == one.progress_curves and three.success_rate == 1.0
-    with pytest.raises(ValueError, match=r"envs = 2 .* workers = 2 .* set one of them"):
-        run_eval(EvalConfig(tasks=["Reach"], envs=2, workers=2, out=str(tmp_path / "bad")))
+    monkeypatch.undo()
+    # With workers > 1, whole tasks go to worker processes, each loading the policy and stepping
+    # its batched sub-envs: the same episodes, videos and recording, in task order
+    from embodied.datasets import LeRobotDataset
+
+    runs = {}
+    for name, workers in [("here", 1), ("workers", 2)]:
+        cfg = EvalConfig(policy=str(tmp_path / "p"), tasks=["Reach", "Push", "Reach"], episodes=3,
+                         envs=3, workers=workers, videos=1, out=str(tmp_path / name),
+                         record=str(tmp_path / name / "data"))  # fmt: skip
+        run, runs[name] = run_eval(cfg)
+        assert (run.path / "videos" / "Push-100000.mp4").is_file()
+        table = LeRobotDataset(tmp_path / name / "data").episodes_table()
+        runs[name + " recorded"] = [(str(r["tasks"]), int(r["seed"]), r["length"]) for r in table]
+    assert [r.task for r in runs["workers"]] == ["Reach", "Push", "Reach"]
+    assert runs["workers recorded"] == runs["here recorded"] and len(runs["here recorded"]) == 9
+    for here, there in zip(runs["here"], runs["workers"], strict=True):
+        assert there.progress_curves == here.progress_curves, here.task
+
+
+def _die_on_push(task: str) -> str:
+    """A task evaluation whose process dies on Push (a killed or crashed worker)."""
+    if task == "Push":
+        os._exit(3)
+    return task
+
+
+def test_a_dead_evaluation_worker_is_an_error_naming_its_task() -> None:
+    """A worker process that dies mid-task ends ``embodied eval`` with the task's name, not a
+    hang or a bare BrokenProcessPool; the tasks before it came back."""
+    from embodied.evaluation.task_workers import map_tasks
+
+    came_back = []
+    with pytest.raises(RuntimeError, match="an evaluation worker died .* running Push"):
+        for _, task in map_tasks(_die_on_push, ["Reach", "Push"], workers=1):
+            came_back.append(task)
+    assert came_back == ["Reach"]

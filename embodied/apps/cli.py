@@ -236,12 +236,10 @@ def build_parser(benches: bool = True) -> argparse.ArgumentParser:
     ev.add_argument("--episodes", type=int, help="episodes per task")
     ev.add_argument("--seed", type=int, help="first seed (default 100000, held out)")
     ev.add_argument("--videos", type=int, help="videos per task")
-    ev.add_argument("--workers", type=int, help="parallel env workers")
     ev.add_argument(
-        "--envs",
-        type=int,
-        help="sub-envs in this process, one batched policy call (a pixel planner: faster)",
+        "--workers", type=int, help="processes: a sub-env each, or with --envs a task each"
     )
+    ev.add_argument("--envs", type=int, help="a task's sub-envs in one process, one policy call")
     ev.add_argument("--record", help="LeRobot dataset to write (or append) every episode to")
     ev.add_argument("--out", help="root directory of the run")
     ev.set_defaults(func=_cmd_eval)

@@ -27,6 +27,7 @@ from embodied.core.run import RunDir, progress_bar, seed_everything
 from embodied.datasets import LeRobotDataset
 from embodied.evaluation.report import write_eval_report
 from embodied.evaluation.results import EvalResult, summarize
+from embodied.evaluation.task_workers import map_tasks
 from embodied.evaluation.video import annotate_frames, encoder_available, write_video
 from embodied.rollout.episodes import (
     RECORDS,
@@ -194,10 +195,11 @@ class EvalConfig:
     # evaluate (or record reward data from) the distribution GRPO samples
     policy_overrides: dict[str, Any] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)  # env options on top of the policy's
-    workers: int = setting(1, low=1)  # sub-envs, each in its own process when > 1
-    # Sub-envs stepped in this process instead, one batched policy call for all (0: workers).
-    # Where the policy takes the time (a pixel diffusion planner), batching is what pays: 25
-    # episodes of the MT10 planner on 2 cores, --envs 25 2.6x faster than --workers 2
+    # Sub-envs, each in its own process when > 1; with envs, processes that take whole tasks
+    workers: int = setting(1, low=1)
+    # A task's sub-envs in one process, one batched policy call for all (0: workers). Where the
+    # policy takes the time (a pixel diffusion planner), batching is what pays: 25 episodes of
+    # the MT10 planner on 2 cores, --envs 25 2.6x faster than --workers 2
     envs: int = setting(0, low=0)
     image_size: int = setting(128, low=8, high=4096)  # video size for state-only policies
     fps: int = setting(16, low=1)
@@ -221,14 +223,10 @@ class EvalConfig:
         if self.record_actions == "expert" and not self.record:
             raise ValueError("record_actions = 'expert' labels the episodes --record writes: "
                              "name the dataset with --record")  # fmt: skip
-        if self.envs and self.workers > 1:
-            raise ValueError(f"envs = {self.envs} steps the sub-envs in this process and "
-                             f"workers = {self.workers} each in its own: set one of "
-                             "them")  # fmt: skip
 
     def vector(self) -> tuple[int, bool | None]:
         """The sub-envs of a task's vector env and whether they run in processes (None: each
-        in its own when there are several)."""
+        in its own when there are several; with ``envs`` never)."""
         if self.envs:
             return min(self.envs, self.episodes * self.repeats), False
         return self.workers, None
@@ -281,6 +279,48 @@ def _expert_labelled(make_actor: Callable[[Any], Any], vec: Any) -> ExpertLabels
     return ExpertLabels(make_actor(vec), vec)
 
 
+def _actors(cfg: EvalConfig) -> tuple[Callable[[Any], Any], Any]:
+    """``_actor_factory`` with the scripted expert's labels where ``record_actions`` asks."""
+    make_actor, policy = _actor_factory(cfg)
+    if cfg.record_actions == "expert":
+        make_actor = partial(_expert_labelled, make_actor)
+    return make_actor, policy
+
+
+@dataclass(frozen=True)
+class TaskJob:
+    """One task of ``run_eval`` as this process or a worker process runs it: its rollouts and
+    videos, with repeats the greedy comparison; the trajectories come back for a recording."""
+
+    cfg: EvalConfig
+    env_kwargs: dict[str, Any]
+    out: Path
+    keep: bool
+
+    def __call__(self, task: str, actors: tuple[Any, Any] | None = None) -> tuple[EvalResult, list]:
+        """``actors``: ``_actors(cfg)`` already built (a worker builds its own)."""
+        cfg = self.cfg
+        make_actor, policy = actors or _actors(cfg)
+        num_envs, asynchronous = cfg.vector()
+        result, trajs = evaluate_task(
+            self.out,
+            task,
+            make_actor,
+            cfg.episodes,
+            cfg.seed,
+            self.env_kwargs,
+            num_envs,
+            videos=cfg.videos,
+            fps=cfg.fps,
+            asynchronous=asynchronous,
+            skip_unread_images=not self.keep,  # a recording keeps every image
+            repeats=cfg.repeats,
+        )
+        if cfg.repeats > 1:
+            _compare_with_greedy(result, task, policy, cfg, self.env_kwargs)
+        return result, trajs if self.keep else []
+
+
 def run_eval(
     cfg: EvalConfig, echo: Callable[[str], None] | None = None
 ) -> tuple[Any, list[EvalResult]]:
@@ -289,9 +329,7 @@ def run_eval(
     ``echo`` gets one line as each task finishes (a long suite can be read as it goes)."""
     validate(cfg)
     tasks = suite_tasks(cfg.suite, cfg.tasks)
-    make_actor, policy = _actor_factory(cfg)
-    if cfg.record_actions == "expert":
-        make_actor = partial(_expert_labelled, make_actor)
+    make_actor, policy = _actors(cfg)
     env_kwargs = (
         env_options(policy.observation_spec)
         if policy is not None
@@ -320,37 +358,31 @@ def run_eval(
         seed_everything(cfg.seed)
         run = RunDir.create(cfg.out, cfg.name, config=cfg)
         (run.path / "videos").mkdir()
-        results: list[EvalResult] = []
         started = time.perf_counter()
         bar = stack.enter_context(progress_bar(total=len(tasks), desc=f"eval {cfg.policy}"))
         metrics = stack.enter_context(run.metrics())
-        num_envs, asynchronous = cfg.vector()
-        for step, task in enumerate(tasks):
-            result, trajs = evaluate_task(
-                run.path,
-                task,
-                make_actor,
-                cfg.episodes,
-                cfg.seed,
-                env_kwargs,
-                num_envs,
-                videos=cfg.videos,
-                fps=cfg.fps,
-                asynchronous=asynchronous,
-                skip_unread_images=writer is None,  # a recording keeps every image
-                repeats=cfg.repeats,
-            )
+        job = TaskJob(cfg, env_kwargs, run.path, keep=writer is not None)
+        if cfg.envs and cfg.workers > 1 and len(tasks) > 1:
+            finished = map_tasks(job, tasks, cfg.workers)  # whole tasks in worker processes
+        else:
+            finished = ((i, job(task, (make_actor, policy))) for i, task in enumerate(tasks))
+        by_index: dict[int, EvalResult] = {}
+        unwritten: dict[int, list[Any]] = {}  # a recording writes the tasks in order
+        written = 0
+        for count, (index, (result, trajs)) in enumerate(finished):
+            by_index[index] = result
             if writer is not None:
-                for traj in trajs:
-                    writer.add_episode(traj)
-            if cfg.repeats > 1:
-                _compare_with_greedy(result, task, policy, cfg, env_kwargs)
-            results.append(result)
-            metrics.log(result.metrics(), step)
+                unwritten[index] = trajs
+                while written in unwritten:
+                    for traj in unwritten.pop(written):
+                        writer.add_episode(traj)
+                    written += 1
+            metrics.log(result.metrics(), index)
             if echo is not None:
                 with bar.external_write_mode():  # the line above a drawn bar, not through it
-                    echo(_task_line(result, step, len(tasks), time.perf_counter() - started))
+                    echo(_task_line(result, count, len(tasks), time.perf_counter() - started))
             bar.update(1)
+        results = [by_index[i] for i in range(len(tasks))]
     write_eval_report(run.path, cfg, results, seconds=time.perf_counter() - started)
     return run, results
 
