@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -488,22 +487,3 @@ def test_eval_envs_step_in_one_process_with_one_policy_call_per_step(
     assert runs["workers recorded"] == runs["here recorded"] and len(runs["here recorded"]) == 9
     for here, there in zip(runs["here"], runs["workers"], strict=True):
         assert there.progress_curves == here.progress_curves, here.task
-
-
-def _die_on_push(task: str) -> str:
-    """A task evaluation whose process dies on Push (a killed or crashed worker)."""
-    if task == "Push":
-        os._exit(3)
-    return task
-
-
-def test_a_dead_evaluation_worker_is_an_error_naming_its_task() -> None:
-    """A worker process that dies mid-task ends ``embodied eval`` with the task's name, not a
-    hang or a bare BrokenProcessPool; the tasks before it came back."""
-    from embodied.evaluation.task_workers import map_tasks
-
-    came_back = []
-    with pytest.raises(RuntimeError, match="an evaluation worker died .* running Push"):
-        for _, task in map_tasks(_die_on_push, ["Reach", "Push"], workers=1):
-            came_back.append(task)
-    assert came_back == ["Reach"]

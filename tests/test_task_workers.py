@@ -1,0 +1,79 @@
+"""``embodied eval --workers W --envs N``'s task processes: a worker that dies is an error naming
+its task, and an evaluation that is killed leaves no worker running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from embodied.evaluation.task_workers import map_tasks
+
+
+def _die_on_push(task: str) -> str:
+    """A task evaluation whose process dies on Push (a killed or crashed worker)."""
+    if task == "Push":
+        os._exit(3)
+    return task
+
+
+def _report_then_sleep(marker: str) -> None:
+    """A long task that first writes its worker's pid to ``marker``."""
+    Path(marker).write_text(str(os.getpid()))
+    time.sleep(300)
+
+
+def test_a_dead_evaluation_worker_is_an_error_naming_its_task() -> None:
+    """A worker process that dies mid-task ends ``embodied eval`` with the task's name, not a
+    hang or a bare BrokenProcessPool; the tasks before it came back."""
+    came_back = []
+    with pytest.raises(RuntimeError, match="an evaluation worker died .* running Push"):
+        for _, task in map_tasks(_die_on_push, ["Reach", "Push"], workers=1):
+            came_back.append(task)
+    assert came_back == ["Reach"]
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that still runs (a zombie has ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_evaluation_leaves_no_worker_running(tmp_path: Path, sig: int) -> None:
+    """``kill`` of an evaluation whose workers are mid-task (no ``finally`` runs in it) ends the
+    workers within seconds, where they ran their tasks on, orphaned."""
+    markers = [str(tmp_path / f"worker-{i}") for i in range(2)]
+    script = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_task_workers import _report_then_sleep\n"
+        "from embodied.evaluation.task_workers import map_tasks\n"
+        f"for _ in map_tasks(_report_then_sleep, {markers!r}, workers=2): pass\n"
+    )
+    evaluation = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 120
+        while not all(Path(m).exists() and Path(m).read_text() for m in markers):
+            assert evaluation.poll() is None and time.monotonic() < deadline, "no workers"
+            time.sleep(0.1)
+        workers = [int(Path(m).read_text()) for m in markers]
+        evaluation.send_signal(sig)
+        evaluation.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in workers if _running(pid)] == []
+    finally:
+        evaluation.kill()
+        for pid in [int(Path(m).read_text()) for m in markers if Path(m).exists()]:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
