@@ -35,7 +35,9 @@ from embodied.sims.replay import (  # noqa: E402
 from embodied.sims.tasks.base import Task  # noqa: E402
 from embodied.sims.vector import (  # noqa: E402
     enter_worker,
+    follow_lifeline,
     grouped_seeds,
+    lifeline,
     make_vec_env,
     render_envs,
     start_forkserver_without_sigint,
@@ -53,7 +55,9 @@ __all__ = [
     "attach_replay_frames",
     "check_env_options",
     "enter_worker",
+    "follow_lifeline",
     "grouped_seeds",
+    "lifeline",
     "list_tasks",
     "make",
     "make_expert",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import multiprocessing
@@ -147,6 +148,26 @@ def worker_context(preload: Sequence[str] = ()) -> Any:
     start_forkserver_without_sigint(preload)
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else None)
+
+
+def lifeline(context: Any) -> tuple[Any, Any]:
+    """``(receive, send)``: a pipe for a pool's workers whose sending end only this process holds.
+    Each worker's initializer hands ``receive`` to ``follow_lifeline``; this process closes both
+    ends once its workers have stopped. Should it die first (a kill runs no ``finally``), the
+    pipe closes with it and the workers exit, where they would run on, orphaned."""
+    return context.Pipe(duplex=False)
+
+
+def follow_lifeline(receive: Any) -> None:
+    """In a worker: exit once the other end of ``receive`` (``lifeline``) closes."""
+    threading.Thread(target=_exit_when_closed, args=(receive,), daemon=True).start()
+
+
+def _exit_when_closed(receive: Any) -> None:
+    """Block until the pipe closes (nothing is ever sent on it), then end the process."""
+    with contextlib.suppress(EOFError):
+        receive.recv()
+    os._exit(1)
 
 
 def start_forkserver_without_sigint(preload: Sequence[str] = ()) -> None:

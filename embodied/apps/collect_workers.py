@@ -48,9 +48,12 @@ class EpisodeRecipe:
 _worker: dict[str, Any] = {}  # this process's env and recipe
 
 
-def start_worker(recipe: EpisodeRecipe, ready: Any = None) -> None:
+def start_worker(recipe: EpisodeRecipe, ready: Any = None, lifeline: Any = None) -> None:
     """Build this process's env for ``recipe`` (a pool's initializer, or once in-process), then
-    release ``ready`` (a semaphore) when given."""
+    release ``ready`` (a semaphore) when given; a worker exits if the collector dies
+    (``lifeline``: ``sims.lifeline``'s receiving end)."""
+    if lifeline is not None:
+        sims.follow_lifeline(lifeline)
     sims.enter_worker(recipe.task_module)
     close_worker()
     vec = sims.make_vec_env(recipe.task, 1, autoreset_mode="disabled", **recipe.env_kwargs)
@@ -102,8 +105,10 @@ class EpisodeRunner:
         # ignoring Ctrl-C, and imports this module once for all of them (a fresh worker spent
         # ~5 s importing torch, the simulators and the dataset writer).
         context = sims.worker_context([__name__])
-        ready = context.Semaphore(0)
-        self._pool = ProcessPoolExecutor(workers, context, start_worker, (recipe, ready))
+        ready, self._lifeline = context.Semaphore(0), sims.lifeline(context)
+        self._pool = ProcessPoolExecutor(
+            workers, context, start_worker, (recipe, ready, self._lifeline[0])
+        )
         self._results = [self._pool.submit(run_episode, *job) for job in jobs]  # starts them
         started, deadline = 0, time.monotonic() + STARTUP_TIMEOUT_S
         while started < workers:
@@ -158,6 +163,8 @@ class EpisodeRunner:
             return
         with defer_interrupts():
             self._pool.shutdown(wait=True, cancel_futures=terminate)
+        for end in self._lifeline:  # the workers have stopped: closing it ends none
+            end.close()
 
 
 def cut_off(traj: Any, fraction: float) -> Any:

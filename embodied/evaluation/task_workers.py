@@ -6,14 +6,11 @@ however it ended (a ``kill`` runs no ``finally``)."""
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -21,19 +18,10 @@ import torch
 import embodied.sims as sims
 
 
-def _start(threads: int, evaluator: Connection) -> None:
-    """A worker's torch threads (its share of the cores), and a thread that ends the worker when
-    the evaluating process's end of ``evaluator`` closes: it died without stopping its workers
-    (SIGTERM or SIGKILL), which would otherwise run their tasks on, orphaned, for minutes."""
+def _start(threads: int, lifeline: Any) -> None:
+    """A worker's torch threads (its share of the cores); it exits if the evaluator dies."""
     torch.set_num_threads(threads)
-    threading.Thread(target=_exit_when_closed, args=(evaluator,), daemon=True).start()
-
-
-def _exit_when_closed(evaluator: Connection) -> None:
-    """Block until the other end of ``evaluator`` is closed (nothing is ever sent), then exit."""
-    with contextlib.suppress(EOFError):
-        evaluator.recv()
-    os._exit(1)
+    sims.follow_lifeline(lifeline)
 
 
 def map_tasks(
@@ -46,10 +34,9 @@ def map_tasks(
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     context = sims.worker_context([__name__])
     others = set(multiprocessing.active_children())
-    # Closed when this process ends (only it holds the sending end): the workers then exit too
-    evaluator, alive = context.Pipe(duplex=False)
+    lifeline = sims.lifeline(context)
     threads = max(1, (cores or 1) // workers)
-    pool = ProcessPoolExecutor(workers, context, _start, (threads, evaluator))
+    pool = ProcessPoolExecutor(workers, context, _start, (threads, lifeline[0]))
     pending = {pool.submit(run, task): i for i, task in enumerate(tasks)}
     finished = False
     try:
@@ -69,5 +56,5 @@ def map_tasks(
         if not finished:  # running tasks would hold the exit for minutes
             for process in set(multiprocessing.active_children()) - others:
                 process.terminate()
-        alive.close()  # after the workers stopped: closing it ends any that remain
-        evaluator.close()
+        for end in lifeline:  # the workers have stopped: closing it ends any that remain
+            end.close()

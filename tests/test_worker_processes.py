@@ -1,5 +1,6 @@
-"""``embodied eval --workers W --envs N``'s task processes: a worker that dies is an error naming
-its task, and an evaluation that is killed leaves no worker running."""
+"""Worker processes of ``embodied eval --workers W --envs N`` and ``embodied collect --workers W``:
+a worker that dies is an error naming its task, and a command that is killed leaves no process
+running."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def test_a_killed_evaluation_leaves_no_worker_running(tmp_path: Path, sig: int) 
     markers = [str(tmp_path / f"worker-{i}") for i in range(2)]
     script = (
         f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from test_task_workers import _report_then_sleep\n"
+        "from test_worker_processes import _report_then_sleep\n"
         "from embodied.evaluation.task_workers import map_tasks\n"
         f"for _ in map_tasks(_report_then_sleep, {markers!r}, workers=2): pass\n"
     )
@@ -75,5 +76,49 @@ def test_a_killed_evaluation_leaves_no_worker_running(tmp_path: Path, sig: int) 
     finally:
         evaluation.kill()
         for pid in [int(Path(m).read_text()) for m in markers if Path(m).exists()]:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> set[int]:
+    """The running processes under ``pid`` (children, theirs, ...)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return {p for p in found if _running(p)}
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_killed_collection_leaves_no_process_running(tmp_path: Path) -> None:
+    """SIGKILL of ``embodied collect --workers 2`` mid-run: its workers (and the fork server
+    and resource tracker they keep alive) end within seconds, where they waited, orphaned."""
+    command = "from embodied.apps.cli import run; run()"
+    args = ["collect", "--task", "Reach", "--episodes", "200", "--workers", "2",
+            "--out", str(tmp_path / "data")]  # fmt: skip
+    collection, left = subprocess.Popen([sys.executable, "-c", command, *args]), set()
+    try:
+        deadline = time.monotonic() + 120
+        while len(_descendants(collection.pid)) < 4:  # a tracker, a fork server, two workers
+            assert collection.poll() is None and time.monotonic() < deadline, "no workers"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        left = _descendants(collection.pid)
+        collection.send_signal(signal.SIGKILL)
+        collection.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while any(_running(pid) for pid in left) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in left if _running(pid)] == []
+    finally:
+        collection.kill()
+        for pid in left:
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
