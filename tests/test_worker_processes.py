@@ -48,6 +48,24 @@ def _running(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _running_after_killing(parent: subprocess.Popen, sig: int, pids: list[int]) -> list[int]:
+    """Signal ``parent`` and wait for it; the ``pids`` that still run 15 s later."""
+    parent.send_signal(sig)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if _running(pid)]
+
+
+def _kill_all(parent: subprocess.Popen, pids: list[int]) -> None:
+    """Whatever a failed test left running."""
+    parent.kill()
+    for pid in pids:
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_killed_evaluation_leaves_no_worker_running(tmp_path: Path, sig: int) -> None:
@@ -67,17 +85,9 @@ def test_a_killed_evaluation_leaves_no_worker_running(tmp_path: Path, sig: int) 
             assert evaluation.poll() is None and time.monotonic() < deadline, "no workers"
             time.sleep(0.1)
         workers = [int(Path(m).read_text()) for m in markers]
-        evaluation.send_signal(sig)
-        evaluation.wait(timeout=30)
-        deadline = time.monotonic() + 15
-        while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert [pid for pid in workers if _running(pid)] == []
+        assert _running_after_killing(evaluation, sig, workers) == []
     finally:
-        evaluation.kill()
-        for pid in [int(Path(m).read_text()) for m in markers if Path(m).exists()]:
-            if _running(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(evaluation, [int(Path(m).read_text()) for m in markers if Path(m).exists()])
 
 
 def _descendants(pid: int) -> set[int]:
@@ -103,22 +113,14 @@ def test_a_killed_collection_leaves_no_process_running(tmp_path: Path) -> None:
     command = "from embodied.apps.cli import run; run()"
     args = ["collect", "--task", "Reach", "--episodes", "200", "--workers", "2",
             "--out", str(tmp_path / "data")]  # fmt: skip
-    collection, left = subprocess.Popen([sys.executable, "-c", command, *args]), set()
+    collection, left = subprocess.Popen([sys.executable, "-c", command, *args]), []
     try:
         deadline = time.monotonic() + 120
         while len(_descendants(collection.pid)) < 4:  # a tracker, a fork server, two workers
             assert collection.poll() is None and time.monotonic() < deadline, "no workers"
             time.sleep(0.1)
         time.sleep(1.0)
-        left = _descendants(collection.pid)
-        collection.send_signal(signal.SIGKILL)
-        collection.wait(timeout=30)
-        deadline = time.monotonic() + 15
-        while any(_running(pid) for pid in left) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert [pid for pid in left if _running(pid)] == []
+        left = sorted(_descendants(collection.pid))
+        assert _running_after_killing(collection, signal.SIGKILL, left) == []
     finally:
-        collection.kill()
-        for pid in left:
-            if _running(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(collection, left)
