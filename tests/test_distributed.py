@@ -113,17 +113,19 @@ def test_ray_backend_gives_the_local_trajectories(ray_instance) -> None:
 def test_a_multi_task_run_fits_its_ray_actors_on_the_machine(ray_instance) -> None:
     """Two tasks' backends take turns, so their four actors share the instance's two CPUs
     (a CPU each would leave two of them waiting forever) and give the local trajectories; more
-    workers than the instance has CPUs is refused by name instead of waiting."""
+    workers than the instance has CPUs is refused by name instead of waiting. Each worker holds
+    its half of a task's episodes (2 groups of 2), so it steps them all in one batched call."""
     from embodied.train.grpo import GRPOConfig
     from embodied.train.onpolicy import TaskGroups
 
     policy, envs = _policy(), {"Reach": ENV, "Push": ENV}
     cfg = GRPOConfig(group_size=2)
-    cfg.distributed = DistributedConfig(backend="ray", workers=2, envs_per_worker=2)
+    cfg.distributed = DistributedConfig(backend="ray", workers=2)
     remote, local = TaskGroups(cfg, envs, policy, 3), TaskGroups(GRPOConfig(group_size=2), envs,
                                                                 policy, 3)  # fmt: skip
     try:
         workers = [w for backend in remote.backends.values() for w in backend.workers]
+        assert [b.envs_per_worker for b in remote.backends.values()] == [2, 2]
         with pytest.raises(ValueError, match=r"distributed.workers=3: the local Ray instance has "
                            r"2 CPUs"):  # fmt: skip
             make_rollouts(DistributedConfig(backend="ray", workers=3), "Reach", ENV, policy, 1)
@@ -141,7 +143,7 @@ def test_a_multi_task_run_fits_its_ray_actors_on_the_machine(ray_instance) -> No
 def test_bench_rollout_compares_backends_with_the_sync_baseline(ray_instance, capsys) -> None:
     import json
 
-    from embodied.apps.bench.rollout import CAMERA_EVERY, CAMERA_ONE, CAMERA_READ
+    from embodied.apps.bench.rollout import CAMERA_EVERY, CAMERA_ONE, CAMERA_READ, RAY_SHARE
     from embodied.apps.cli import main
 
     assert main(["bench", "rollout", "--json", "--task", "Reach", "--envs", "2",
@@ -149,11 +151,14 @@ def test_bench_rollout_compares_backends_with_the_sync_baseline(ray_instance, ca
                  "--max-steps", "16"]) == 0  # fmt: skip
     rows = {r["backend"]: r for r in json.loads(capsys.readouterr().out)}
     every, read = CAMERA_EVERY, CAMERA_READ
-    assert set(rows) == {"sync", "async", "ray", every, read, CAMERA_ONE}
+    assert set(rows) == {"sync", "async", "ray", RAY_SHARE, every, read, CAMERA_ONE}
     assert rows["sync"]["speedup"] == 1.0 and rows["ray"]["envs"] == 2
+    # Ray's default: a sub-env per episode (one each on two workers), against two in all
+    assert (rows[RAY_SHARE]["envs"], rows[RAY_SHARE]["baseline"]) == (2, "ray (2 envs)")
     assert rows[every]["speedup"] == 1.0 and rows[read]["baseline"] == f"{every} (2 envs)"
     state = [rows[b] for b in ("sync", "async", "ray")]
     assert all(r["steps_per_s"] > 0 and r["baseline"] == "sync (2 envs)" for r in state)
+    assert rows[RAY_SHARE]["steps_per_s"] > 0
     assert rows[read]["steps_per_s"] > 0
     one = rows[CAMERA_ONE]  # one policy call per sub-env step, against the batched call of two
     assert (one["envs"], one["baseline"]) == (1, f"{read} (2 envs)") and one["steps_per_s"] > 0

@@ -4,12 +4,14 @@
 ``run(seeds, sample_seed, deterministic) -> trajectories`` (in episode order) and ``close()``:
 
 - ``local``: one vector env in this process, one batched policy call per step.
-- ``ray`` (extra ``distributed``): ``workers`` Ray actors, each with its own vector env and a
-  policy copy; weights are broadcast once per ``set_weights`` (an object-store reference), the
-  episodes are split into contiguous chunks, one per worker, and gathered in order. Every
-  episode's sampling noise is seeded by ``(sample_seed, episode id)`` (``PolicyActor``), so the
-  same seeds give the same trajectories as the local backend. A worker that dies is dropped with
-  a warning and its chunk runs again on the others.
+- ``ray`` (extra ``distributed``): ``workers`` Ray actors, each with its own vector env (by
+  default its share of the local backend's sub-envs, so a worker steps all its episodes with one
+  batched policy call, as the local backend does) and a policy copy; weights are broadcast once
+  per ``set_weights`` (an object-store reference), the episodes are split into contiguous
+  chunks, one per worker, and gathered in order. Every episode's sampling noise is seeded by
+  ``(sample_seed, episode id)`` (``PolicyActor``), so the same seeds give the same trajectories
+  as the local backend. A worker that dies is dropped with a warning and its chunk runs again on
+  the others.
 
 ``address=""`` starts a private Ray instance (``num_cpus``); ``"auto"`` or ``ray://host:port``
 joins an existing cluster. A multi-task run builds one backend per task and rolls the tasks out
@@ -21,6 +23,7 @@ waiting for a CPU forever).
 from __future__ import annotations
 
 import copy
+import math
 import os
 import warnings
 from collections.abc import Sequence
@@ -43,7 +46,10 @@ class DistributedConfig:
     backend: str = setting("local", choices=BACKENDS)
     address: str = ""  # ray: "" = a private local instance, "auto" or ray://host:port = a cluster
     workers: int = setting(2, low=1)  # ray actors
-    envs_per_worker: int = setting(4, low=1)
+    # A worker's sub-envs; 0 = its share of the sub-envs the local backend would hold. A pixel
+    # planner's step is mostly its batched denoising chain, which costs little more for 8
+    # sub-envs than for 4: fewer sub-envs than episodes queue the rest behind them
+    envs_per_worker: int = setting(0, low=0)
     num_cpus: int = setting(0, low=0)  # a private instance's CPUs; 0 = Ray's default (all)
 
 
@@ -122,6 +128,7 @@ class RayRollouts:
         task: str,
         env_kwargs: dict[str, Any],
         policy: Any,
+        num_envs: int,
         cpus_per_worker: float = 1.0,
     ) -> None:
         try:
@@ -145,11 +152,12 @@ class RayRollouts:
                 f"distributed.workers={cfg.workers}: the local Ray instance has {cpus:g} CPUs and "
                 "a worker takes one; use at most that many workers (or raise distributed.num_cpus)"
             )
+        self.envs_per_worker = cfg.envs_per_worker or math.ceil(num_envs / cfg.workers)
         remote = ray.remote(num_cpus=cpus_per_worker)(RolloutWorker)
         # A CPU copy for the workers: Module.to moves in place, and the learner keeps its device.
         cpu_policy = copy.deepcopy(policy).to("cpu")
         self.workers = [
-            remote.remote(task, env_kwargs, cpu_policy, cfg.envs_per_worker)
+            remote.remote(task, env_kwargs, cpu_policy, self.envs_per_worker)
             for _ in range(cfg.workers)
         ]
 
@@ -223,9 +231,10 @@ def make_rollouts(
     num_envs: int,
     tasks: int = 1,
 ) -> LocalRollouts | RayRollouts:
-    """The configured backend (``num_envs`` is the local backend's vector size) for one of
-    ``tasks`` backends that take turns (Ray actors reserve ``1 / tasks`` of a CPU each)."""
+    """The configured backend (``num_envs`` is the local backend's vector size, which Ray's workers
+    split unless ``envs_per_worker`` is set) for one of ``tasks`` backends that take turns (Ray
+    actors reserve ``1 / tasks`` of a CPU each)."""
     validate(cfg)
     if cfg.backend == "local":
         return LocalRollouts(task, env_kwargs, policy, num_envs)
-    return RayRollouts(cfg, task, env_kwargs, policy, cpus_per_worker=1.0 / tasks)
+    return RayRollouts(cfg, task, env_kwargs, policy, num_envs, cpus_per_worker=1.0 / tasks)

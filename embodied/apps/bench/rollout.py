@@ -19,7 +19,13 @@ from embodied.rollout.backends import DistributedConfig, LocalRollouts, make_rol
 CAMERA_EVERY = "sync, camera planner, every image rendered"
 CAMERA_READ = "sync, camera planner, read images rendered"
 CAMERA_ONE = "sync, camera planner, read images rendered, one env"
-BASELINES = {CAMERA_EVERY: CAMERA_EVERY, CAMERA_READ: CAMERA_EVERY, CAMERA_ONE: CAMERA_READ}
+RAY_SHARE = "ray, a sub-env per episode"
+BASELINES = {
+    CAMERA_EVERY: CAMERA_EVERY,
+    CAMERA_READ: CAMERA_EVERY,
+    CAMERA_ONE: CAMERA_READ,
+    RAY_SHARE: "ray",
+}
 READ = {"render_state": True}  # what lets a rollout skip the images no policy reads
 
 
@@ -49,9 +55,11 @@ def bench_rollout(
     stochastic, decisions recorded, state observations): a sync vector env in this process, an
     async one (a process per env), and Ray actors when Ray is installed. Then the demo's camera
     planner (64 px front camera, 4 actions per decision) on a sync vector env rendering only the
-    images it reads (``render_state``: the rest are replayed when read), against rendering
-    every step, and on a single sub-env against the batched ones. ``max_steps`` > 0 cuts
-    episodes at that many steps (the task's own limit otherwise)."""
+    images it reads (``render_state``: the rest are replayed when read), against rendering every
+    step, and on a single sub-env against the batched ones. Ray runs with ``envs`` sub-envs in
+    all (more episodes queue behind them), and with its default of a sub-env per episode
+    (``envs_per_worker=0``: each worker steps its share of the episodes in one batched call).
+    ``max_steps`` > 0 cuts episodes at that many steps (the task's own limit otherwise)."""
 
     if max_steps < 0:
         raise ValueError(f"max_steps = {max_steps}: expected >= 0 (0: the task's own limit)")
@@ -78,14 +86,20 @@ def bench_rollout(
         import ray  # noqa: F401
 
         per_worker = max(1, envs // ray_workers)
-        cfg = DistributedConfig("ray", workers=ray_workers, envs_per_worker=per_worker)
-        backends.append(
+        fixed = DistributedConfig("ray", workers=ray_workers, envs_per_worker=per_worker)
+        share = DistributedConfig("ray", workers=ray_workers)
+        backends += [
             (
                 "ray",
                 ray_workers * per_worker,
-                lambda: make_rollouts(cfg, task, env_kwargs, policy, 1),
-            )
-        )
+                lambda: make_rollouts(fixed, task, env_kwargs, policy, 1),
+            ),
+            (
+                RAY_SHARE,
+                ray_workers * -(-episodes // ray_workers),
+                lambda: make_rollouts(share, task, env_kwargs, policy, episodes),
+            ),
+        ]
     except ImportError:
         pass
     rates: dict[str, tuple[int, float, float]] = {}
