@@ -52,6 +52,10 @@ class DistributedConfig:
     envs_per_worker: int = setting(0, low=0)
     num_cpus: int = setting(0, low=0)  # a private instance's CPUs; 0 = Ray's default (all)
 
+    def worker_envs(self, num_envs: int) -> int:
+        """A Ray worker's sub-envs where the local backend would hold ``num_envs``."""
+        return self.envs_per_worker or math.ceil(num_envs / self.workers)
+
 
 def _rollout(vec: Any, policy: Any, seeds: Sequence[int], ids: Sequence[int], sample_seed: int,
              deterministic: bool, task: str, env_kwargs: dict[str, Any]) -> list[Any]:  # fmt: skip
@@ -152,7 +156,7 @@ class RayRollouts:
                 f"distributed.workers={cfg.workers}: the local Ray instance has {cpus:g} CPUs and "
                 "a worker takes one; use at most that many workers (or raise distributed.num_cpus)"
             )
-        self.envs_per_worker = cfg.envs_per_worker or math.ceil(num_envs / cfg.workers)
+        self.envs_per_worker = cfg.worker_envs(num_envs)
         remote = ray.remote(num_cpus=cpus_per_worker)(RolloutWorker)
         # A CPU copy for the workers: Module.to moves in place, and the learner keeps its device.
         cpu_policy = copy.deepcopy(policy).to("cpu")

@@ -96,7 +96,7 @@ def bench_rollout(
             ),
             (
                 RAY_SHARE,
-                ray_workers * -(-episodes // ray_workers),
+                ray_workers * share.worker_envs(episodes),
                 lambda: make_rollouts(share, task, env_kwargs, policy, episodes),
             ),
         ]
