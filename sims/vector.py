@@ -104,7 +104,7 @@ def _build(
 
 
 def make_vec_env(
-    task: str,
+    task: str | Sequence[str],
     num_envs: int,
     asynchronous: bool = False,
     autoreset_mode: str = "next_step",
@@ -113,9 +113,13 @@ def make_vec_env(
 ) -> gym.vector.VectorEnv:
     """Sync or async vector env. Each copy is constructed by its worker and renders lazily, so no
     GL context exists before the fork. ``autoreset_mode`` is Gymnasium's (``next_step``,
-    ``same_step`` or ``disabled``)."""
+    ``same_step`` or ``disabled``). ``task`` may name one task per sub-env (tasks of one suite,
+    whose observations share their spaces): a multi-task policy then steps them in one batch."""
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    tasks = [task] * num_envs if isinstance(task, str) else [str(t) for t in task]
+    if len(tasks) != num_envs:
+        raise ValueError(f"got {len(tasks)} tasks for {num_envs} envs: give one task per env")
     # Gymnasium's enum values are "NextStep", "SameStep", "Disabled"; accept those, the
     # snake_case names documented here, or the enum itself.
     modes = {m.name.lower(): m for m in gym.vector.AutoresetMode}
@@ -126,8 +130,9 @@ def make_vec_env(
             f"autoreset_mode must be one of {sorted(k for k in modes if k.islower())}, "
             f"got {autoreset_mode!r}"
         )
-    build = functools.partial(_build, task, dict(env_kwargs), asynchronous, task_module(task))
-    fns = [build] * num_envs
+    builds = {t: functools.partial(_build, t, dict(env_kwargs), asynchronous, task_module(t))
+              for t in dict.fromkeys(tasks)}  # fmt: skip
+    fns = [builds[t] for t in tasks]
     if asynchronous:
         if context is None and "forkserver" in multiprocessing.get_all_start_methods():
             # Not "fork": a worker forked after the parent rendered inherits its GL state without

@@ -177,9 +177,15 @@ def test_bench_names_a_bad_device(capsys, target: str, device: str, message: str
     assert message in capsys.readouterr().err
 
 
-def test_bench_rollout_names_a_negative_step_limit(capsys) -> None:
-    assert main(["bench", "rollout", "--max-steps", "-3"]) == 2
-    message = "max_steps = -3: expected >= 0 (0: the task's own limit)"
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--max-steps", "-3"], "max_steps = -3: expected >= 0 (0: the task's own limit)"),
+        (["--multi", "0"], "multi = 0: expected 1 to 6 tabletop tasks"),
+    ],
+)
+def test_bench_rollout_names_a_bad_setting(capsys, flags: list[str], message: str) -> None:
+    assert main(["bench", "rollout", *flags]) == 2
     assert capsys.readouterr().err == f"embodied bench rollout: error: {message}\n"
 
 

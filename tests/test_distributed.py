@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from embodied.policies import make_policy
-from embodied.rollout.backends import DistributedConfig, LocalRollouts, make_rollouts
+from embodied.rollout.backends import DistributedConfig, LocalRollouts, TaskEnvs, make_rollouts
+from embodied.sims import make_vec_env
 
 STATS = {
     "observation.state": {"mean": np.zeros(4), "std": np.full(4, 0.1)},
@@ -55,6 +56,51 @@ def test_local_trajectories_do_not_depend_on_the_batch() -> None:
     assert not np.allclose(first.actions, second.actions)
     with pytest.raises(ValueError, match="config key 'backend' = 'mpi': expected one of"):
         make_rollouts(DistributedConfig(backend="mpi"), "Reach", ENV, policy, 1)
+
+
+def test_tasks_share_a_vector_env_and_keep_their_trajectories(monkeypatch) -> None:
+    """Two tasks' episodes in one vector env (one batched policy call for both) are the episodes
+    each task's own backend gives for the same seeds, episode ids and sampling seed; an episode
+    runs on a sub-env of its task, and a task the vector env lacks is refused by name."""
+    policy = _policy()
+    act, sizes = policy.act, []
+
+    def counted(obs, *args, **kwargs):
+        sizes.append(len(next(iter(obs.values()))))
+        return act(obs, *args, **kwargs)
+
+    seeds, tasks = [3, 3, 4, 4, 5, 5], ["Reach", "Push", "Reach", "Push", "Push", "Push"]
+    both = TaskEnvs(["Reach", "Push"], ENV, 2)
+    try:
+        monkeypatch.setattr(policy, "act", counted)
+        mixed = both.rollout(policy, seeds, range(6), tasks, sample_seed=7, deterministic=False)
+        monkeypatch.undo()
+        assert sizes[0] == 4  # two episodes of each task in the first call
+        with pytest.raises(ValueError, match=r"episode task\(s\) \['Pick'\] have no sub-env"):
+            both.rollout(policy, [1], [0], ["Pick"], sample_seed=7, deterministic=False)
+    finally:
+        both.close()
+    assert [t.task for t in mixed] == tasks and [t.seed for t in mixed] == seeds
+    for task in ("Reach", "Push"):
+        ids = [i for i, k in enumerate(tasks) if k == task]
+        alone = TaskEnvs([task], ENV, 1)
+        try:
+            own = alone.rollout(policy, [seeds[i] for i in ids], ids, [task] * len(ids), 7, False)
+        finally:
+            alone.close()
+        for i, traj in zip(ids, own, strict=True):
+            np.testing.assert_allclose(mixed[i].actions, traj.actions, atol=1e-5)
+            assert mixed[i].length == traj.length
+    local = LocalRollouts(["Reach", "Push"], ENV, policy, 1)
+    try:
+        with pytest.raises(ValueError, match="name each episode's task"):
+            local.run([3], sample_seed=7)
+        with pytest.raises(ValueError, match=r"task\(s\) \['Pick'\] are not this backend's"):
+            local.run([3], sample_seed=7, tasks=["Pick"])
+    finally:
+        local.close()
+    with pytest.raises(ValueError, match="got 1 tasks for 2 envs"):
+        make_vec_env(["Reach"], 2)
 
 
 def test_idle_envs_cost_no_policy_call(monkeypatch) -> None:
@@ -111,47 +157,63 @@ def test_ray_backend_gives_the_local_trajectories(ray_instance) -> None:
 
 
 def test_a_multi_task_run_fits_its_ray_actors_on_the_machine(ray_instance) -> None:
-    """Two tasks' backends take turns, so their four actors share the instance's two CPUs
-    (a CPU each would leave two of them waiting forever) and give the local trajectories; more
-    workers than the instance has CPUs is refused by name instead of waiting. Each worker holds
-    its half of a task's episodes (2 groups of 2), so it steps them all in one batched call."""
+    """Tasks whose envs share their options step in one backend: two actors, each holding its
+    half of every task's episodes (2 groups of 2 on Reach, 1 on Push), so it steps them all in one
+    batched call. Tasks of different options get a backend each; those take turns, so their four
+    actors share the instance's two CPUs (a CPU each would leave two of them waiting forever).
+    Either way the trajectories are the local ones; more workers than the instance has CPUs is
+    refused by name instead of waiting."""
     from embodied.train.grpo import GRPOConfig
     from embodied.train.onpolicy import TaskGroups
 
-    policy, envs = _policy(), {"Reach": ENV, "Push": ENV}
-    cfg = GRPOConfig(group_size=2)
+    policy, cfg = _policy(), GRPOConfig(group_size=2)
     cfg.distributed = DistributedConfig(backend="ray", workers=2)
-    remote, local = TaskGroups(cfg, envs, policy, 3), TaskGroups(GRPOConfig(group_size=2), envs,
-                                                                policy, 3)  # fmt: skip
-    try:
-        workers = [w for backend in remote.backends.values() for w in backend.workers]
-        assert [b.envs_per_worker for b in remote.backends.values()] == [2, 2]
-        with pytest.raises(ValueError, match=r"distributed.workers=3: the local Ray instance has "
-                           r"2 CPUs"):  # fmt: skip
-            make_rollouts(DistributedConfig(backend="ray", workers=3), "Reach", ENV, policy, 1)
-        pids = ray_instance.get([w.pid.remote() for w in workers], timeout=120)
-        assert len(set(pids)) == 4
-        got, want = (g.run([3, 4, 5], group_size=2, sample_seed=7) for g in (remote, local))
-        assert [t.task for t in got] == ["Reach", "Reach", "Push", "Push", "Reach", "Reach"]
-        for x, y in zip(got, want, strict=True):
-            np.testing.assert_allclose(x.actions, y.actions, atol=1e-5)
-    finally:
-        remote.close()
-        local.close()
+    with pytest.raises(ValueError, match=r"distributed.workers=3: the local Ray instance has "
+                       r"2 CPUs"):  # fmt: skip
+        make_rollouts(DistributedConfig(backend="ray", workers=3), "Reach", ENV, policy, 1)
+    longer = ENV | {"max_episode_steps": 20}
+    for envs, actors in (({"Reach": ENV, "Push": ENV}, 2), ({"Reach": ENV, "Push": longer}, 4)):
+        remote, local = TaskGroups(cfg, envs, policy, 3), TaskGroups(GRPOConfig(group_size=2),
+                                                                    envs, policy, 3)  # fmt: skip
+        try:
+            workers = [w for _, backend in remote.backends for w in backend.workers]
+            assert all(backend.envs_per_worker == 2 for _, backend in remote.backends)
+            pids = ray_instance.get([w.pid.remote() for w in workers], timeout=120)
+            assert len(set(pids)) == actors
+            got, want = (g.run([3, 4, 5], group_size=2, sample_seed=7) for g in (remote, local))
+            assert [t.task for t in got] == ["Reach", "Reach", "Push", "Push", "Reach", "Reach"]
+            assert [t.seed for t in got] == [3, 3, 4, 4, 5, 5]
+            for x, y in zip(got, want, strict=True):
+                np.testing.assert_allclose(x.actions, y.actions, atol=1e-5)
+        finally:
+            remote.close()
+            local.close()
 
 
 def test_bench_rollout_compares_backends_with_the_sync_baseline(ray_instance, capsys) -> None:
     import json
 
-    from embodied.apps.bench.rollout import CAMERA_EVERY, CAMERA_ONE, CAMERA_READ, RAY_SHARE
+    from embodied.apps.bench.rollout import (
+        CAMERA_EVERY,
+        CAMERA_ONE,
+        CAMERA_READ,
+        RAY_SHARE,
+        TASKS_IN_TURN,
+        TASKS_SHARED,
+    )
     from embodied.apps.cli import main
 
     assert main(["bench", "rollout", "--json", "--task", "Reach", "--envs", "2",
                  "--episodes", "2", "--repeats", "1", "--ray-workers", "2",
-                 "--max-steps", "16"]) == 0  # fmt: skip
+                 "--max-steps", "16", "--multi", "2"]) == 0  # fmt: skip
     rows = {r["backend"]: r for r in json.loads(capsys.readouterr().out)}
     every, read = CAMERA_EVERY, CAMERA_READ
-    assert set(rows) == {"sync", "async", "ray", RAY_SHARE, every, read, CAMERA_ONE}
+    assert set(rows) == {"sync", "async", "ray", RAY_SHARE, every, read, CAMERA_ONE,
+                         TASKS_IN_TURN, TASKS_SHARED}  # fmt: skip
+    # two tasks' sub-envs in one vector env, against each task's two in turn
+    shared, turns = rows[TASKS_SHARED], rows[TASKS_IN_TURN]
+    assert (shared["envs"], shared["baseline"]) == (4, f"{TASKS_IN_TURN} (2 envs)")
+    assert turns["speedup"] == 1.0 and shared["steps_per_s"] > 0
     assert rows["sync"]["speedup"] == 1.0 and rows["ray"]["envs"] == 2
     # Ray's default: a sub-env per episode (one each on two workers), against two in all
     assert (rows[RAY_SHARE]["envs"], rows[RAY_SHARE]["baseline"]) == (2, "ray (2 envs)")

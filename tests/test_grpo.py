@@ -389,10 +389,10 @@ def test_hard_states_start_groups_where_the_greedy_policy_fails(saved, tmp_path:
 
     class Greedy:  # a stand-in backend whose greedy policy solves the seeds divisible by 3
         def __init__(self) -> None:
-            self.calls: list[tuple[list[int], bool]] = []
+            self.calls: list[tuple[list[int], bool, list[str]]] = []
 
-        def run(self, seeds, sample_seed, deterministic=False):
-            self.calls.append((list(seeds), deterministic))
+        def run(self, seeds, sample_seed, deterministic=False, tasks=None):
+            self.calls.append((list(seeds), deterministic, list(tasks)))
             return [SimpleNamespace(ever_succeeded=seed % 3 == 0) for seed in seeds]
 
         def close(self) -> None:
@@ -402,10 +402,12 @@ def test_hard_states_start_groups_where_the_greedy_policy_fails(saved, tmp_path:
     options = {"obs_mode": "state", "max_episode_steps": 6}
     groups = TaskGroups(GRPOConfig(group_size=2), {"Reach": options, "Push": options}, policy, 3)
     groups.close()
-    groups.backends = {"Reach": Greedy(), "Push": Greedy()}
+    assert [lane for lane, _ in groups.backends] == [["Reach", "Push"]]  # one vector env
+    backend = Greedy()
+    groups.backends = [(["Reach", "Push"], backend)]
     seeds, rates = groups.hard_seeds(3, first=9, candidates=2)  # Reach: groups 0, 2; Push: 1
-    assert groups.backends["Reach"].calls == [([9, 10, 11, 12], True)]
-    assert groups.backends["Push"].calls == [([9, 10], True)]
+    # both tasks' candidates in one call
+    assert backend.calls == [([9, 10, 11, 12, 9, 10], True, ["Reach"] * 4 + ["Push"] * 2)]
     assert seeds == [10, 10, 11]  # Reach fails 10, 11 (solves 9, 12); Push fails 10
     assert rates == {"Reach": 0.5, "Push": 0.5}
     seeds, rates = groups.hard_seeds(2, first=0, candidates=1)  # each task has only seed 0

@@ -88,6 +88,26 @@ def _env_info(infos: dict[str, Any], i: int) -> dict[str, Any]:
     return out
 
 
+def _lanes(
+    num_envs: int, episodes: int, env_tasks: Sequence[str] | None,
+    episode_tasks: Sequence[str] | None,
+) -> tuple[list[str], list[str]] | None:  # fmt: skip
+    """``rollout_vector``'s sub-env and episode tasks, checked: every episode's task has a
+    sub-env (else it would never run); None when neither is given."""
+    if env_tasks is None and episode_tasks is None:
+        return None
+    if env_tasks is None or episode_tasks is None:
+        raise ValueError("give env_tasks and episode_tasks together (or neither)")
+    if len(env_tasks) != num_envs or len(episode_tasks) != episodes:
+        raise ValueError(f"got {len(env_tasks)} env_tasks for {num_envs} envs and "
+                         f"{len(episode_tasks)} episode_tasks for {episodes} seeds")  # fmt: skip
+    missing = sorted(set(episode_tasks) - set(env_tasks))
+    if missing:
+        raise ValueError(f"episode task(s) {missing} have no sub-env; the vector env runs "
+                         f"{sorted(set(env_tasks))}")  # fmt: skip
+    return list(env_tasks), list(episode_tasks)
+
+
 def rollout_vector(
     vec: gym.vector.VectorEnv,
     act: Callable[[dict[str, Any]], np.ndarray],
@@ -97,6 +117,8 @@ def rollout_vector(
     capture: int = 0,
     episode_ids: Sequence[int] | None = None,
     skip_unread_images: bool = False,
+    env_tasks: Sequence[str] | None = None,
+    episode_tasks: Sequence[str] | None = None,
 ) -> Iterator[Trajectory]:
     """Run one episode per seed on a vector env, yielding each ``Trajectory`` as it finishes.
 
@@ -120,12 +142,23 @@ def rollout_vector(
     renders camera images only where the policy reads them: the others are black, and the
     trajectory lists their indices in ``metadata["unrendered"]`` (``decision_windows`` refuses
     them; a reward model reads replayed frames instead, ``embodied.sims.replay``).
+    On a vector env of several tasks (``env_tasks``, one per sub-env) episode ``e`` runs on a
+    sub-env of ``episode_tasks[e]``: a free sub-env takes the next pending episode of its task.
     """
     n = vec.num_envs
     pending = list(range(len(seeds)))
     ids = list(range(len(seeds))) if episode_ids is None else [int(e) for e in episode_ids]
     if len(ids) != len(seeds):
         raise ValueError(f"got {len(ids)} episode_ids for {len(seeds)} seeds")
+    lane = _lanes(n, len(seeds), env_tasks, episode_tasks)
+
+    def next_episode(env: int) -> int | None:
+        """The first pending episode sub-env ``env`` may run (its task's), taken off the list."""
+        if lane is None:
+            return pending.pop(0) if pending else None
+        mine = next((k for k, e in enumerate(pending) if lane[1][e] == lane[0][env]), None)
+        return None if mine is None else pending.pop(mine)
+
     episode_of: list[int | None] = [None] * n
     builders: list[TrajectoryBuilder | None] = [None] * n
     frames: list[list[np.ndarray] | None] = [None] * n
@@ -145,7 +178,7 @@ def rollout_vector(
         mask[envs] = True  # idle envs are reset too: a finished env must not be stepped
         reset_seeds: list[int | None] = [None] * n
         for i in envs:
-            episode_of[i] = pending.pop(0) if pending else None
+            episode_of[i] = next_episode(i)
             builders[i], unrendered[i] = None, []
             if episode_of[i] is not None:
                 reset_seeds[i] = int(seeds[episode_of[i]])

@@ -141,16 +141,35 @@ def check_task(
         env.close()
 
 
-def rollout_groups(rollouts: Any, seeds: list[int], group_size: int, sample_seed: int) -> list:
-    """``group_size`` stochastic rollouts from each seed, group by group, decisions recorded, on
-    a ``embodied.rollout.backends`` backend (local or Ray: the same trajectories either way)."""
-    return rollouts.run(grouped_seeds(seeds, group_size), sample_seed, deterministic=False)
+def rollout_groups(rollouts: Any, seeds: list[int], group_size: int, sample_seed: int,
+                   tasks: Sequence[str] | None = None) -> list:  # fmt: skip
+    """``group_size`` stochastic rollouts from each seed (on ``tasks[g]`` where the backend runs
+    several), group by group, decisions recorded, on a ``embodied.rollout.backends`` backend
+    (local or Ray: the same trajectories either way)."""
+    each = None if tasks is None else [t for t in tasks for _ in range(group_size)]
+    return rollouts.run(grouped_seeds(seeds, group_size), sample_seed, deterministic=False,
+                        tasks=each)  # fmt: skip
+
+
+def share_envs(envs: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """The tasks that can step in one vector env: one suite's, built with the same options (so
+    their observations share their spaces), in the given order."""
+    lanes: list[list[str]] = []
+    for task, options in envs.items():
+        for lane in lanes:
+            if sims.suite_of(lane[0]) == sims.suite_of(task) and envs[lane[0]] == options:
+                lane.append(task)
+                break
+        else:
+            lanes.append([task])
+    return lanes
 
 
 class TaskGroups:
     """Grouped stochastic rollouts of one policy over one task or several: group ``g`` of a call
-    runs on ``tasks[g % len(tasks)]``, each task on its own backend (``rollout_groups``) with
-    sub-envs for its share of ``groups``."""
+    runs on ``tasks[g % len(tasks)]``. Tasks whose envs share their options (``share_envs``) run
+    on one backend with sub-envs for each task's share of ``groups``, so a multi-task policy steps
+    all their episodes with one batched call; the backends of other options take turns."""
 
     def __init__(
         self,
@@ -161,12 +180,13 @@ class TaskGroups:
     ) -> None:
         self.tasks = list(envs)
         share = math.ceil(groups / len(self.tasks)) * cfg.group_size
-        self.backends: dict[str, Any] = {}
+        lanes = share_envs(envs)
+        self.backends: list[tuple[list[str], Any]] = []
         try:
-            for task, kwargs in envs.items():
-                self.backends[task] = make_rollouts(
-                    cfg.distributed, task, kwargs, policy, cfg.num_envs or share, len(envs)
-                )
+            for lane in lanes:
+                backend = make_rollouts(cfg.distributed, lane, envs[lane[0]], policy,
+                                        cfg.num_envs or share, len(lanes))  # fmt: skip
+                self.backends.append((lane, backend))
         except BaseException:
             self.close()
             raise
@@ -177,16 +197,15 @@ class TaskGroups:
 
     def run(self, seeds: Sequence[int], group_size: int, sample_seed: int) -> list[Any]:
         """``group_size`` rollouts from each seed (group ``g`` from ``seeds[g]``), group by group;
-        each task's episodes sample with their own noise (``sample_seed`` on the first task)."""
+        each backend's episodes sample with their own noise (``sample_seed`` on the first)."""
         out: list[Any] = [None] * len(seeds)
-        for k, task in enumerate(self.tasks):
-            mine = [g for g in range(len(seeds)) if self.task_of(g) == task]
+        for k, (lane, backend) in enumerate(self.backends):
+            mine = [g for g in range(len(seeds)) if self.task_of(g) in lane]
             if not mine:
                 continue
-            mine_seeds = [seeds[g] for g in mine]
-            trajs = rollout_groups(
-                self.backends[task], mine_seeds, group_size, sample_seed + 7_919 * k
-            )
+            tasks = [self.task_of(g) for g in mine]
+            trajs = rollout_groups(backend, [seeds[g] for g in mine], group_size,
+                                   sample_seed + 7_919 * k, tasks)  # fmt: skip
             for i, g in enumerate(mine):
                 out[g] = trajs[i * group_size : (i + 1) * group_size]
         return [t for group in out for t in group]
@@ -200,26 +219,30 @@ class TaskGroups:
         A sampled group from a state the greedy policy solves mostly teaches the policy to keep
         that success under its sampling noise, which the greedy policy already has."""
         seeds, greedy = [0] * need, {}
-        for task in self.tasks:
-            mine = [g for g in range(need) if self.task_of(g) == task]
-            if not mine:
+        groups = {task: [g for g in range(need) if self.task_of(g) == task] for task in self.tasks}
+        for lane, backend in self.backends:
+            pools = {task: list(range(first, first + candidates * len(groups[task])))
+                     for task in lane if groups[task]}  # fmt: skip
+            if not pools:
                 continue
-            pool = list(range(first, first + candidates * len(mine)))
-            solved = [t.ever_succeeded for t in self.backends[task].run(pool, 0, True)]
-            failed_first = sorted(pool, key=lambda seed: solved[seed - first])  # stable
-            for g, seed in zip(mine, failed_first[: len(mine)], strict=True):
-                seeds[g] = seed
-            greedy[task] = float(np.mean(solved))
+            tasks = [task for task, pool in pools.items() for _ in pool]
+            trajs = iter(backend.run([s for pool in pools.values() for s in pool], 0, True, tasks))
+            for task, pool in pools.items():
+                solved = [next(trajs).ever_succeeded for _ in pool]
+                failed_first = sorted(pool, key=lambda seed: solved[seed - first])  # stable
+                for g, seed in zip(groups[task], failed_first[: len(groups[task])], strict=True):
+                    seeds[g] = seed
+                greedy[task] = float(np.mean(solved))
         return seeds, greedy
 
     def set_weights(self, policy: Any) -> None:
         """Act with ``policy``'s weights on every task."""
-        for backend in self.backends.values():
+        for _, backend in self.backends:
             backend.set_weights(policy)
 
     def close(self) -> None:
         """Close every task's envs (or Ray workers)."""
-        for backend in self.backends.values():
+        for _, backend in self.backends:
             backend.close()
 
 

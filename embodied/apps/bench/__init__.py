@@ -59,10 +59,12 @@ BENCHES: dict[str, tuple[Callable[..., list[Any]], str, dict[str, str], dict[str
         "metaworld": "add a Meta-World row when it is installed",
     }, {}),
     "rollout": (bench_rollout, "GRPO-style rollouts: sync vs async vs Ray; a camera planner "
-                "rendering only the images it reads vs every step", {
+                "rendering only the images it reads vs every step, and over several tasks in "
+                "one vector env vs a backend per task", {
         "envs": "envs per backend", "episodes": "episodes per timed run",
         "ray_workers": "Ray actors (when installed)",
         "max_steps": "episode step limit (0: the task's own)",
+        "multi": "tabletop tasks in the multi-task rows (the camera planner over several tasks)",
     }, {}),
 }  # fmt: skip
 COMMON_HELP = {
