@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector.async_vector_env import AsyncState
 
 from embodied.sims.registry import get_task, make, suite_of
@@ -37,13 +38,33 @@ def _check_action_count(actions: Any, num_envs: int) -> None:
         raise ValueError(f"got {count} actions for {num_envs} envs: give one action per env")
 
 
-class _SyncVectorEnv(gym.vector.SyncVectorEnv):
+class _TaskInfos:
+    """Infos batched over sub-envs of several tasks: an array whose shape differs between them
+    (a render state's size follows the task's model) goes into an object array, one entry per
+    sub-env, where Gymnasium would batch it into the first sub-env's shape and fail."""
+
+    num_envs: int
+
+    def _add_info(self, vector_infos: dict[str, Any], env_info: dict[str, Any],
+                  env_num: int) -> dict[str, Any]:  # fmt: skip
+        for key, value in env_info.items():
+            batched = vector_infos.get(key)
+            if (isinstance(value, np.ndarray) and isinstance(batched, np.ndarray)
+                    and batched.dtype != object and batched.shape[1:] != value.shape):  # fmt: skip
+                entries = np.empty(self.num_envs, dtype=object)
+                for i, row in enumerate(batched):
+                    entries[i] = row
+                vector_infos[key] = entries
+        return super()._add_info(vector_infos, env_info, env_num)  # type: ignore[misc]
+
+
+class _SyncVectorEnv(_TaskInfos, gym.vector.SyncVectorEnv):
     def step(self, actions: Any) -> tuple[Any, ...]:
         _check_action_count(actions, self.num_envs)
         return super().step(actions)
 
 
-class _AsyncVectorEnv(gym.vector.AsyncVectorEnv):
+class _AsyncVectorEnv(_TaskInfos, gym.vector.AsyncVectorEnv):
     def step_async(self, actions: Any) -> None:
         # Checked before any worker is sent a step, so the vector env stays usable.
         _check_action_count(actions, self.num_envs)

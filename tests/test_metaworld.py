@@ -378,3 +378,41 @@ def test_render_states_replay_every_image_and_unread_steps_skip_rendering() -> N
         kept = np.setdiff1d(np.arange(len(full)), black)
         np.testing.assert_array_equal(shown[True][camera][kept], full[kept])
         np.testing.assert_array_equal(replay.for_camera(camera)[np.arange(len(full))], full)
+
+
+def test_two_tasks_in_one_vector_env_keep_their_render_states_and_replays() -> None:
+    """reach and door-open (render states of 23 and 17 numbers: Gymnasium would batch both into
+    the first one's shape and fail) step in one vector env, as a multi-task GRPO run steps them:
+    each episode keeps its own task's render states, and its frames replay as that task's env
+    alone gives them."""
+    import torch
+
+    from embodied.policies import make_policy
+    from embodied.rollout.backends import TaskEnvs
+
+    torch.manual_seed(0)
+    stats = {
+        "observation.state": {"mean": np.zeros(4), "std": np.full(4, 0.1)},
+        "observation.environment_state": {"mean": np.zeros(39), "std": np.ones(39)},
+        "action": {"min": -np.ones(4), "max": np.ones(4)},
+    }
+    policy = make_policy("mlp", state_dim=4, action_dim=4, env_state_dim=39, hidden=[16])
+    policy = policy.fit_normalizers(stats).eval()
+    kwargs = {"obs_mode": "state", "render_state": True, "image_size": 32, "cameras": ["corner"],
+              "max_episode_steps": 6}  # fmt: skip
+    tasks = ["metaworld/reach-v3", "metaworld/door-open-v3"]
+    both = TaskEnvs(tasks, kwargs, 1)
+    try:
+        mixed = both.rollout(policy, [3, 3], [0, 1], tasks, sample_seed=7, deterministic=False)
+    finally:
+        both.close()
+    assert [t.info["render_state"].shape[1] for t in mixed] == [23, 17]
+    for i, task in enumerate(tasks):
+        alone = TaskEnvs([task], kwargs, 1)
+        try:
+            (own,) = alone.rollout(policy, [3], [i], [task], sample_seed=7, deterministic=False)
+        finally:
+            alone.close()
+        np.testing.assert_allclose(mixed[i].info["render_state"], own.info["render_state"])
+        steps = np.arange(mixed[i].length + 1)
+        np.testing.assert_array_equal(mixed[i].frames[steps], own.frames[steps])
