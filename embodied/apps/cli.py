@@ -163,6 +163,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_average(args: argparse.Namespace) -> int:
+    from embodied.train.averaging import average_run
+
+    folder, steps = average_run(args.run, args.first, args.last, args.out)
+    print(f"policy: {folder} (the mean of {len(steps)} checkpoints, steps {steps[0]}..{steps[-1]})")
+    return 0
+
+
 def _cmd_tasks(args: argparse.Namespace) -> int:
     import embodied.sims as sims
 
@@ -290,6 +298,15 @@ def build_parser(benches: bool = True) -> argparse.ArgumentParser:
         job.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {example}")
         job.add_argument("--resume", default=None, help="run directory to continue exactly")
         job.set_defaults(func=_cmd_train)
+
+    average = sub.add_parser(
+        "average", help="a policy that is the mean of a run's checkpoints (weight averaging)"
+    )
+    average.add_argument("run", help="run directory whose checkpoints/ hold policies")
+    average.add_argument("--first", type=int, default=1, help="first step averaged (default 1)")
+    average.add_argument("--last", type=int, default=None, help="last step (default: the newest)")
+    average.add_argument("--out", default=None, help="policy folder (RUN/policy-average-A-B)")
+    average.set_defaults(func=_cmd_average)
 
     tasks = sub.add_parser("tasks", help="list the tasks of a suite")
     tasks.add_argument("--suite", default="tabletop", choices=["tabletop", "metaworld"])
