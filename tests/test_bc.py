@@ -282,3 +282,11 @@ def test_max_minutes_ends_the_run_at_a_step_it_logs_evaluates_and_saves(
     assert Policy.from_pretrained(run.path / "policy").policy_type == "mlp"
     with pytest.raises(ValueError, match="max_minutes"):
         train_bc(_mlp_config(drawer_states, tmp_path, max_minutes=-1.0))
+
+
+def test_save_every_zero_checkpoints_only_at_the_end(drawer_states: Path, tmp_path: Path) -> None:
+    """``save_every=0``: no periodic checkpoints, one at the run's end (where a resume starts)."""
+    run = train_bc(_mlp_config(drawer_states, tmp_path, steps=6, eval_episodes=0, save_every=0))
+    assert [p.name for p in (run.path / "checkpoints").iterdir()] == ["step-0000006"]
+    with pytest.raises(ValueError, match="save_every"):
+        train_bc(_mlp_config(drawer_states, tmp_path, save_every=-1))

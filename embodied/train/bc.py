@@ -55,7 +55,7 @@ class BCConfig:
     eval_episodes: int = setting(10, low=0)
     eval_seed: int = seed_setting(100_000)  # held-out: collection uses small seeds
     eval_workers: int = setting(1, low=1)
-    save_every: int = setting(1000, low=1)
+    save_every: int = setting(1000, low=0)  # 0: only at the end
     log_every: int = setting(50, low=1)
     resume: str = ""  # a run directory to continue from its latest checkpoint
     # A saved policy to start from instead of a new one: its config, weights and normalisation

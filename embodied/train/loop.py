@@ -188,8 +188,9 @@ class Trainer:
                   file=sys.stderr)  # fmt: skip
 
     def due(self, done: int, every: int) -> bool:
-        """Whether a thing done every ``every`` steps is due after ``done`` (always at the end)."""
-        return done % every == 0 or done == self.end
+        """Whether a thing done every ``every`` steps is due after ``done`` (always at the end;
+        ``every`` 0: only there)."""
+        return (every > 0 and done % every == 0) or done == self.end
 
     def update(self, loss: torch.Tensor, where: str, step_schedule: bool = True) -> float:
         """One clipped gradient step on ``loss``; the gradient norm before clipping. A non-finite

@@ -63,7 +63,7 @@ class OnPolicyConfig:
     eval_seed: int = seed_setting(100_000)
     eval_sampled: bool = False  # also evaluate the sampling policy (what the update optimises)
     eval_envs: int = setting(10, low=1)  # evaluation sub-envs in one process, one batched call
-    save_every: int = setting(5, low=1)
+    save_every: int = setting(5, low=0)  # 0: only at the end
     # > 0: stop after the last iteration (round) that fits in this many minutes; saved as the end
     max_minutes: float = setting(0.0, low=0.0)
     device: str = "auto"

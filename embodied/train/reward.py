@@ -87,7 +87,7 @@ class RewardTrainConfig:
     seed: int = seed_setting()
     device: str = "auto"
     eval_every: int = setting(500, low=1)
-    save_every: int = setting(500, low=1)
+    save_every: int = setting(500, low=0)  # 0: only at the end
     log_every: int = setting(50, low=1)
     resume: str = ""  # a run directory to continue from its latest checkpoint
 
