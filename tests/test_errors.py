@@ -49,7 +49,7 @@ JOB_MATRIX = [
     ("bc", "batch_size=0", "config key 'batch_size' = 0 is out of range: expected >= 1"),
     ("bc", "batch_size=1e8", "config key 'batch_size' expects int, got 100000000.0"),
     ("bc", "eval_every=0", "config key 'eval_every' = 0 is out of range: expected >= 1"),
-    ("bc", "save_every=0", "config key 'save_every' = 0 is out of range: expected >= 1"),
+    ("bc", "save_every=-1", "config key 'save_every' = -1 is out of range: expected >= 0"),
     ("bc", "log_every=0", "config key 'log_every' = 0 is out of range: expected >= 1"),
     ("bc", "eval_episodes=-2", "config key 'eval_episodes' = -2 is out of range: expected >= 0"),
     ("bc", "seed=-1", f"config key 'seed' = -1 is out of range: {SEED_RANGE}"),
@@ -69,7 +69,7 @@ JOB_MATRIX = [
     ("reward", "seed=-1", f"config key 'seed' = -1 is out of range: {SEED_RANGE}"),
     ("reward", "optim.lr=nan", "config key 'optim.lr' = nan: expected a finite number"),
     ("reward", "eval_every=0", "config key 'eval_every' = 0 is out of range: expected >= 1"),
-    ("reward", "save_every=0", "config key 'save_every' = 0 is out of range: expected >= 1"),
+    ("reward", "save_every=-1", "config key 'save_every' = -1 is out of range: expected >= 0"),
     ("grpo", "iterations=0", "config key 'iterations' = 0 is out of range: expected >= 1"),
     ("grpo", "group_size=1", "config key 'group_size' = 1 is out of range: expected >= 2"),
     ("grpo", "keep_high=0.05", "keep_low = 0.1 > keep_high = 0.05"),
@@ -84,7 +84,7 @@ JOB_MATRIX = [
     ("grpo", "eval_seed=4294967296", f"'eval_seed' = 4294967296 is out of range: {SEED_RANGE}"),
     ("grpo", "eval_episodes=-2", "config key 'eval_episodes' = -2 is out of range: expected >= 0"),
     ("grpo", "eval_every=0", "config key 'eval_every' = 0 is out of range: expected >= 1"),
-    ("grpo", "save_every=0", "config key 'save_every' = 0 is out of range: expected >= 1"),
+    ("grpo", "save_every=-1", "config key 'save_every' = -1 is out of range: expected >= 0"),
     ("grpo", "optim.lr=nan", "config key 'optim.lr' = nan: expected a finite number"),
     ("grpo", "clip_high=nan", "config key 'clip_high' = nan: expected a finite number"),
     ("grpo", "keep_low=-0.5", "config key 'keep_low' = -0.5 is out of range: expected in [0.0, 1"),
@@ -97,7 +97,7 @@ JOB_MATRIX = [
     ("tpo", "beta=nan", "config key 'beta' = nan: expected a finite number"),
     ("tpo", "optim.lr=nan", "config key 'optim.lr' = nan: expected a finite number"),
     ("tpo", "eval_episodes=-2", "config key 'eval_episodes' = -2 is out of range: expected >= 0"),
-    ("tpo", "save_every=0", "config key 'save_every' = 0 is out of range: expected >= 1"),
+    ("tpo", "save_every=-1", "config key 'save_every' = -1 is out of range: expected >= 0"),
 ]  # fmt: skip
 
 
