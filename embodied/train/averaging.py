@@ -2,10 +2,10 @@
 
 The policy saved is the uniform mean of the policies the run checkpointed from step ``first`` to
 step ``last`` (stochastic weight averaging's tail average, Izmailov et al. 2018, computed by
-``torch.optim.swa_utils.AveragedModel``). RL fine-tuning at a small constant rate walks noisily
-around what it learns: one checkpoint is that walk's last step, the average sits nearer its
-centre. Checkpoints every step (``save_every=1``) average every iteration; the live policy's
-training is untouched, so the average can be taken after the run, over any range of it.
+``torch.optim.swa_utils.AveragedModel``). Where a run's last steps walk noisily around what it
+has learned, their average sits nearer the walk's centre than the last step does; where the run
+still improves, the average trails it, so compare both. Checkpoints every step (``save_every=1``)
+average every iteration; training is untouched, so any range can be averaged after the run.
 Parameters are averaged; buffers (normalisation statistics, counters) come from the last one.
 """
 
