@@ -19,7 +19,7 @@ from pathlib import Path
 from torch.optim.swa_utils import AveragedModel
 
 from embodied.policies import Policy
-from embodied.train.checkpoints import CHECKPOINT_PREFIX
+from embodied.train.checkpoints import checkpoints_by_step
 
 
 def checkpoint_steps(run: str | os.PathLike[str]) -> dict[int, Path]:
@@ -28,12 +28,7 @@ def checkpoint_steps(run: str | os.PathLike[str]) -> dict[int, Path]:
     folder = Path(run) / "checkpoints"
     if not folder.is_dir():
         raise FileNotFoundError(f"{run} is not a run directory with checkpoints (no {folder})")
-    steps = {}
-    for path in folder.glob(f"{CHECKPOINT_PREFIX}*"):
-        number = path.name.removeprefix(CHECKPOINT_PREFIX)
-        if number.isdigit():
-            steps[int(number)] = path
-    return dict(sorted(steps.items()))
+    return checkpoints_by_step(folder)
 
 
 def average_policies(directories: Sequence[Path]) -> Policy:

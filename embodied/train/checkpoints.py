@@ -61,10 +61,19 @@ def save_checkpoint(
     return final
 
 
+def checkpoints_by_step(directory: Path) -> dict[int, Path]:
+    """The complete checkpoints in ``directory``, step -> folder, oldest first (temporary ones
+    and folders that are not ``step-<number>`` are ignored)."""
+    found = directory.glob(f"{CHECKPOINT_PREFIX}*") if directory.is_dir() else []
+    steps = {int(p.name.removeprefix(CHECKPOINT_PREFIX)): p for p in found
+             if p.name.removeprefix(CHECKPOINT_PREFIX).isdigit()}  # fmt: skip
+    return dict(sorted(steps.items()))
+
+
 def latest_checkpoint(directory: Path) -> Path | None:
     """The newest complete checkpoint in ``directory`` (temporary ones are ignored)."""
-    found = sorted(directory.glob(f"{CHECKPOINT_PREFIX}*")) if directory.is_dir() else []
-    return found[-1] if found else None
+    found = checkpoints_by_step(directory)
+    return found[max(found)] if found else None
 
 
 def load_checkpoint(

@@ -32,7 +32,12 @@ import torch
 from embodied.core.config import ConfigError, config_to_dict, load_config, save_config, validate
 from embodied.core.run import CONFIG_FILE, MetricsLogger, RunDir, progress_bar, seed_everything
 from embodied.policies import Policy
-from embodied.train.checkpoints import CHECKPOINT_PREFIX, load_checkpoint, save_checkpoint
+from embodied.train.checkpoints import (
+    checkpoints_by_step,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from embodied.train.optim import make_optimizer
 
 # Settings a resumed run may change: where and on what it runs, not what it learns.
@@ -154,7 +159,7 @@ class Trainer:
     def restore(self) -> int:
         """Load the newest readable checkpoint (older ones if the newest is corrupt, with a
         warning) and its ``extra``; return its step (0 when there is none)."""
-        found = sorted(self.run.checkpoints.glob(f"{CHECKPOINT_PREFIX}*"), reverse=True)
+        found = list(reversed(checkpoints_by_step(self.run.checkpoints).values()))
         for path in found:
             try:
                 step, self.extra = load_checkpoint(path, self.model, self.optimizer, self.scheduler)
@@ -214,8 +219,7 @@ class Trainer:
 
     def last_checkpoint(self) -> Path | None:
         """The newest checkpoint written so far."""
-        found = sorted(self.run.checkpoints.glob(f"{CHECKPOINT_PREFIX}*"))
-        return found[-1] if found else None
+        return latest_checkpoint(self.run.checkpoints)
 
     def __enter__(self) -> Trainer:
         return self
