@@ -17,6 +17,7 @@ if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
 
 from embodied.sims.registry import (  # noqa: E402
     check_env_options,
+    episode_limit,
     list_tasks,
     make,
     make_expert,
@@ -55,6 +56,7 @@ __all__ = [
     "attach_replay_frames",
     "check_env_options",
     "enter_worker",
+    "episode_limit",
     "follow_lifeline",
     "grouped_seeds",
     "lifeline",

@@ -158,6 +158,15 @@ def make(task: str, **kwargs: Any) -> gym.Env:
     return gym.make(task_id(get_task(task).name), **kwargs)
 
 
+def episode_limit(env: gym.Env) -> int | None:
+    """The step limit of an env built by ``make``: Gymnasium's time limit, or the one Meta-World
+    enforces itself (``max_episode_steps`` given to ``make`` either way); None when it has none."""
+    if env.spec is not None and env.spec.max_episode_steps is not None:
+        return int(env.spec.max_episode_steps)
+    limit = getattr(env.unwrapped, "max_episode_steps", None)
+    return None if limit is None else int(limit)
+
+
 class ScriptedExpert:
     """The scripted expert of an env as a policy: ``expert(obs) -> action``.
 

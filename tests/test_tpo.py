@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from embodied.policies import make_policy
-from embodied.train.tpo import TPOConfig, per_trajectory, tpo_loss, train_tpo
+from embodied.train.tpo import TPOConfig, per_trajectory, step_limit, tpo_loss, train_tpo
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -86,8 +86,42 @@ def test_tpo_trains_and_logs(tmp_path: Path, length_normalize: bool) -> None:
         train_tpo(TPOConfig(policy=str(tmp_path / "policy"), objective="speed"))
     with pytest.raises(ValueError, match="sft_weight"):
         train_tpo(TPOConfig(policy=str(tmp_path / "policy"), sft_weight=-1.0))
-    with pytest.raises(ValueError, match=r"TPO trains on one task; tasks names 2: \['Reach'"):
-        train_tpo(TPOConfig(policy=str(tmp_path / "policy"), tasks=["Reach", "Push"]))
+
+
+def test_tpo_trains_one_policy_on_several_tasks(tmp_path: Path) -> None:
+    """tasks=[Reach, Push]: the groups take the tasks in turn, each task's rollouts and held-out
+    success are logged, its pairs come from its own groups, and the one policy is updated."""
+    _save_policy(tmp_path / "policy")
+    cfg = TPOConfig(
+        policy=str(tmp_path / "policy"), tasks=["Reach", "Push"], rounds=1, groups=4,
+        group_size=3, eval_episodes=2, out=str(tmp_path), device="cpu", pairs="all",
+        objective="efficiency", env={"max_episode_steps": 12},
+    )  # fmt: skip
+    cfg.optim.lr = 1e-3
+    run = train_tpo(cfg)
+    rows = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+    row = rows[-1]
+    for task in ("Reach", "Push"):
+        assert 0.0 <= row[f"rollout/{task}/success_rate"] <= 1.0
+        assert f"eval/{task}/success_rate" in row
+    assert row["rank/Reach/pairs"] + row["rank/Push/pairs"] == row["rank/pairs"] > 0
+    assert row["rollout/mean_length"] <= 12  # the run's env options reach every task's envs
+    from safetensors.torch import load_file
+
+    before = load_file(str(tmp_path / "policy" / "model.safetensors"))
+    after = load_file(str(run.path / "policy" / "model.safetensors"))
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_the_steps_term_divides_by_the_runs_step_limit() -> None:
+    """The ``steps`` score term divides a length by the env's limit as the run sets it
+    (``env.max_episode_steps``), where it read the task's default; Meta-World, which enforces its
+    own limit, has one too (it had none: every episode scored 1)."""
+    assert step_limit("Reach", {}) == 80
+    assert step_limit("Reach", {"max_episode_steps": 12, "obs_mode": "pixels"}) == 12
+    pytest.importorskip("metaworld")
+    assert step_limit("metaworld/reach-v3", {}) == 500
+    assert step_limit("metaworld/reach-v3", {"max_episode_steps": 200}) == 200
 
 
 @pytest.mark.parametrize("length_normalize", [False, True])

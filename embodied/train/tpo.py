@@ -3,7 +3,8 @@
 Rounds of roll out -> rank -> optimise, reading top to bottom:
 
 1. Roll out ``group_size`` episodes from each of ``groups`` initial states (stochastic sampling,
-   every decision recorded), as GRPO does.
+   every decision recorded), as GRPO does: on one task, or on several (``tasks``, e.g. ``MT10``:
+   one multi-task policy, the groups taking the tasks in turn, stepped in one vector env).
 2. Rank each group by the trajectory score (``embodied.rewards.returns``, the one GRPO's returns
    come from: success, progress from any reward model (privileged by default), keypoint
    distances, collisions, steps; weighted for the objective: success, safety or efficiency) and
@@ -41,7 +42,6 @@ from embodied.core.run import RunDir
 from embodied.evaluation.results import collisions_per_episode
 from embodied.rewards.models import REWARD_TYPES, make_reward_model
 from embodied.rewards.returns import OBJECTIVES, TrajectoryScore, preference_pairs
-from embodied.rollout.backends import make_rollouts
 from embodied.train import onpolicy
 from embodied.train.loop import Trainer, begin, load_policy
 from embodied.train.onpolicy import OnPolicyConfig
@@ -112,45 +112,62 @@ def decisions_of(data: Any, trajectories: list[int]) -> Any:
     return data.take(torch.nonzero(torch.isin(data.trajectory, index)).squeeze(-1).numpy())
 
 
+def step_limit(task: str, options: dict[str, Any]) -> int | None:
+    """The step limit of ``task``'s env under the run's ``options`` (``env.max_episode_steps``
+    or the task's own): the ``steps`` score term's denominator."""
+    limit = {k: options[k] for k in ("max_episode_steps",) if k in options}
+    env = sims.make(task, obs_mode="state", **limit)
+    try:
+        return sims.episode_limit(env)
+    finally:
+        env.close()
+
+
 def train_tpo(cfg: TPOConfig) -> RunDir:
     """Run TPO; return the run directory (final policy in ``policy/``)."""
     device = begin(cfg, exact_float32=True)
     policy = load_policy(cfg.policy, cfg.policy_overrides, device).eval()
     initial = copy.deepcopy(policy).requires_grad_(False) if cfg.reference == "initial" else None
     reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
-    tasks = onpolicy.task_names(cfg)
-    if len(tasks) > 1:
-        raise ValueError(f"TPO trains on one task; tasks names {len(tasks)}: {tasks}")
-    task = tasks[0]
-    kwargs = onpolicy.env_kwargs(task, policy, reward_model, cfg.env)
-    onpolicy.check_task(policy, task, kwargs, reward_model)
-    num_envs = cfg.num_envs or cfg.groups * cfg.group_size
-    probe = sims.make(task, obs_mode="state")
-    limit = probe.spec.max_episode_steps if probe.spec is not None else None
-    probe.close()
-    score = TrajectoryScore.objective(cfg.objective, cfg.score_weights, limit)
+    envs = {task: onpolicy.env_kwargs(task, policy, reward_model, cfg.env)
+            for task in onpolicy.task_names(cfg)}  # fmt: skip
+    score_of: dict[str, TrajectoryScore] = {}  # each task's score (its own step limit)
+    for task, kwargs in envs.items():
+        onpolicy.check_task(policy, task, kwargs, reward_model)
+        score_of[task] = TrajectoryScore.objective(
+            cfg.objective, cfg.score_weights, step_limit(task, kwargs)
+        )
     with Trainer(cfg, policy, "rounds") as trainer:
         # After the checkpoint: Ray workers copy the weights they are built with.
-        rollouts = make_rollouts(cfg.distributed, task, kwargs, policy, num_envs)
+        rollouts = onpolicy.TaskGroups(cfg, envs, policy, cfg.groups)
         try:
             if trainer.start == 0 and cfg.eval_episodes > 0:
-                trainer.metrics.log(onpolicy.evaluate_online(cfg, policy, {task: kwargs}), 0)
+                trainer.metrics.log(onpolicy.evaluate_online(cfg, policy, envs), 0)
             for round_ in trainer.steps("tpo"):
                 t0 = time.perf_counter()
                 base = cfg.train_seed + round_ * cfg.groups
-                seeds = list(range(base, base + cfg.groups))
-                trajs = onpolicy.rollout_groups(
-                    rollouts, seeds, cfg.group_size, cfg.seed * 7919 + round_
+                seeds = list(range(base, base + cfg.groups))  # group g on rollouts.task_of(g)
+                trajs = rollouts.run(seeds, cfg.group_size, cfg.seed * 7919 + round_)
+                progress = reward_model.score(trajs)
+                task_of = np.repeat(
+                    [rollouts.task_of(g) for g in range(cfg.groups)], cfg.group_size
                 )
-                scores = score.batch(trajs, reward_model.score(trajs))
+                scored = zip(task_of, trajs, progress, strict=True)
+                scores = np.array([score_of[task](t, p) for task, t, p in scored])
                 pairs = preference_pairs(scores, cfg.group_size, cfg.pairs, cfg.margin)
+                success = np.array([t.ever_succeeded for t in trajs], dtype=float)
                 log = {
-                    "rollout/success_rate": float(np.mean([t.ever_succeeded for t in trajs])),
+                    "rollout/success_rate": float(success.mean()),
                     "rollout/mean_length": float(np.mean([t.length for t in trajs])),
                     "rank/score_mean": float(scores.mean()),
                     "rank/pairs": float(len(pairs)),
                     "time/rollout": time.perf_counter() - t0,
                 }
+                if len(envs) > 1:  # per task: where it succeeds, what it learns from
+                    for task in dict.fromkeys(task_of):  # the tasks this round's groups ran
+                        mine = task_of == task
+                        log[f"rollout/{task}/success_rate"] = float(success[mine].mean())
+                        log[f"rank/{task}/pairs"] = float(sum(mine[w] for w, _ in pairs))
                 collisions = collisions_per_episode(trajs)
                 if collisions is not None:  # not logged as 0 when the env does not count them
                     log["rollout/collisions"] = collisions
@@ -202,7 +219,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                 trainer.scheduler.step()
                 rollouts.set_weights(policy)
                 log["time/update"] = time.perf_counter() - t1
-                onpolicy.finish_iteration(trainer, {task: kwargs}, round_ + 1, log)
+                onpolicy.finish_iteration(trainer, envs, round_ + 1, log)
         finally:
             rollouts.close()
     policy.save_pretrained(trainer.run.path / "policy")
