@@ -113,6 +113,25 @@ def test_tpo_trains_one_policy_on_several_tasks(tmp_path: Path) -> None:
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+def test_a_round_without_pairs_skips_its_update_quietly(tmp_path: Path) -> None:
+    """A round whose groups give no pair (every score within ``margin``) takes no step, but its
+    place in the schedule passes, without torch's warning about a schedule step before any
+    optimiser step reaching the user."""
+    import warnings
+
+    _save_policy(tmp_path / "policy")
+    cfg = TPOConfig(
+        policy=str(tmp_path / "policy"), task="Reach", rounds=1, groups=2, group_size=2,
+        eval_episodes=0, out=str(tmp_path), device="cpu", margin=100.0,
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = train_tpo(cfg)
+    (row,) = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert row["rank/pairs"] == 0 and row["update/skipped"] == 1.0
+    assert not [w for w in caught if "lr_scheduler" in str(w.message)]
+
+
 def test_the_steps_term_divides_by_the_runs_step_limit() -> None:
     """The ``steps`` score term divides a length by the env's limit as the run sets it
     (``env.max_episode_steps``), where it read the task's default; Meta-World, which enforces its
@@ -215,3 +234,16 @@ def test_shipped_config_loads_with_the_command_line_overrides() -> None:
     assert (cfg.policy, cfg.rounds, cfg.task, cfg.pairs) == ("p", 3, "Reach", "all")
     assert (cfg.beta, cfg.sft_weight, cfg.length_normalize) == (0.1, 0.05, False)
     assert cfg.policy_overrides == {"temperature": 0.7}
+
+
+def test_shipped_mt10_config_names_six_metaworld_tasks_and_scores_without_keypoints() -> None:
+    """configs/tpo_mt10.yaml: the six tasks, and score weights a Meta-World trajectory can give
+    (it records no keypoint distances, which the success objective weighs by default)."""
+    from embodied.core.config import load_config
+    from embodied.train.onpolicy import task_names
+
+    config = Path(__file__).parents[1] / "configs" / "tpo_mt10.yaml"
+    cfg = load_config(TPOConfig, str(config), ["policy=p", "reward_model=m"])
+    names = task_names(cfg)
+    assert len(names) == 6 and all(n.startswith("metaworld/") for n in names)
+    assert cfg.score_weights["keypoints"] == 0.0 and cfg.length_normalize

@@ -405,9 +405,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
 
                 if not kept:  # nothing to learn from: no update, the schedule still advances
                     log["update/skipped"] = 1.0
-                    with warnings.catch_warnings():  # torch warns of a step without an update
-                        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
-                        trainer.scheduler.step()
+                    trainer.step_schedule()
                     finish_iteration(trainer, envs, iteration + 1, log)
                     continue
                 # 4. group-normalised advantages, broadcast to every decision and element
@@ -477,7 +475,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     where = f"GRPO loss at iteration {iteration}"
                     st["grad_norm"] = trainer.update(loss, where, step_schedule=False)
                     stats.append(st)
-                trainer.scheduler.step()
+                trainer.step_schedule()
                 log["update/steps"] = float(len(stats))
                 log["update/planned_steps"] = float(planned)
                 log.update(mean_stats(stats))

@@ -211,6 +211,13 @@ class Trainer:
             self.scheduler.step()
         return float(norm)
 
+    def step_schedule(self) -> None:
+        """Advance the schedule by one iteration, also one that took no update (nothing to learn
+        from still uses its place in the schedule; torch's warning about it is not the user's)."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
+            self.scheduler.step()
+
     def save(self, step: int) -> Path:
         """A checkpoint of the model, optimiser, schedule, RNG states and ``extra`` at ``step``."""
         return save_checkpoint(

@@ -216,7 +216,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                     log.update(onpolicy.mean_stats(stats))
                 else:
                     log["update/skipped"] = 1.0
-                trainer.scheduler.step()
+                trainer.step_schedule()
                 rollouts.set_weights(policy)
                 log["time/update"] = time.perf_counter() - t1
                 onpolicy.finish_iteration(trainer, envs, round_ + 1, log)
