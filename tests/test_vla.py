@@ -167,12 +167,20 @@ def test_greedy_is_the_argmax_of_the_constrained_logits():
 
 
 def test_kv_cache_decoding_matches_full_recomputation():
+    """Decoding with the KV cache gives the tokens and log-probs of re-running the sequence, and
+    passes the cache by the name the installed transformers takes (``cache`` in 5.x, where
+    ``past_key_values`` warns of its removal)."""
+    import warnings
+
     policy = tiny_policy(n_action_steps=4)
     obs = observations(seed=2)
     for deterministic in (True, False):
-        cached = policy.act(
-            obs, INSTRUCTIONS, deterministic, generator=torch.Generator().manual_seed(5)
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cached = policy.act(
+                obs, INSTRUCTIONS, deterministic, generator=torch.Generator().manual_seed(5)
+            )
+        assert not [w for w in caught if "past_key_values" in str(w.message)]
         full = policy.act(
             obs,
             INSTRUCTIONS,

@@ -13,7 +13,8 @@ Backbone (``VLAConfig.backbone_path``):
 - a local directory: loaded with ``AutoModelForImageTextToText`` / ``AutoTokenizer`` (and the
   ``AutoProcessor``'s image mean/std when it has one), offline (``local_files_only``), never with
   remote code. The model must offer ``get_image_features(pixel_values=...)``, a decoder
-  (``get_decoder()``) that accepts ``inputs_embeds`` and ``past_key_values``, and an output
+  (``get_decoder()``) that accepts ``inputs_embeds`` and a KV cache (``cache``, or
+  ``past_key_values`` before transformers 5), and an output
   embedding (Llava, PaliGemma, Idefics3-style models do). Tied input/output embeddings are untied
   (the head is copied) so the weights save as safetensors. ``from_pretrained`` of a saved policy
   needs the same directory again (for the architecture and tokenizer), then loads the saved

@@ -53,6 +53,7 @@ Executed actions: bin centres (raw units), clipped to the env box [-1, 1].
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -303,10 +304,17 @@ class VLAPolicy(AuxStateTarget, ActionTokenizer, ChunkedPolicy):
         bias = None if head.bias is None else head.bias[rows]
         return F.linear(hidden, head.weight[rows], bias) / temperature
 
-    def _decoder(self, embeds: torch.Tensor, cache: Any = None, use_cache: bool = False) -> Any:
-        return self.backbone.get_decoder()(
-            inputs_embeds=embeds, past_key_values=cache, use_cache=use_cache
-        )
+    def _decoder(
+        self, embeds: torch.Tensor, cache: Any = None, use_cache: bool = False
+    ) -> tuple[torch.Tensor, Any]:
+        """The decoder's last hidden states ``[B, T, H]`` and its KV cache. Transformers 5 renamed
+        the cache argument and output ``past_key_values`` to ``cache`` (the old name warns, and goes
+        in 5.40): each decoder gets the name its ``forward`` takes, so 4.x and 5.x both work."""
+        decoder = self.backbone.get_decoder()
+        params = inspect.signature(decoder.forward).parameters
+        name = "cache" if "cache" in params else "past_key_values"
+        out = decoder(inputs_embeds=embeds, use_cache=use_cache, **{name: cache})
+        return out.last_hidden_state, getattr(out, name, None)
 
     def _token_embeddings(self, ids: torch.Tensor) -> torch.Tensor:
         return self.backbone.get_input_embeddings()(ids)
@@ -318,7 +326,7 @@ class VLAPolicy(AuxStateTarget, ActionTokenizer, ChunkedPolicy):
         the prefix and the tokens before it: one forward pass, no cache."""
         k = ids.shape[1]
         embeds = torch.cat([prefix, self._token_embeddings(ids[:, :-1])], dim=1)
-        hidden = self._decoder(embeds).last_hidden_state[:, -k:]
+        hidden = self._decoder(embeds)[0][:, -k:]
         return self.action_logits(hidden, temperature)
 
     def _check_ids(self, ids: Any, batch: int) -> torch.Tensor:
@@ -351,8 +359,8 @@ class VLAPolicy(AuxStateTarget, ActionTokenizer, ChunkedPolicy):
         self.check_inputs(obs)
         prefix = self.prefix_embeddings(obs, instructions)
         temperature = self.config.temperature
-        out = self._decoder(prefix, use_cache=use_cache)
-        hidden, cache = out.last_hidden_state[:, -1], out.past_key_values
+        states, cache = self._decoder(prefix, use_cache=use_cache)
+        hidden = states[:, -1]
         sequence = prefix
         tokens, log_probs = [], []
         for k in range(self.config.num_action_tokens):
@@ -365,12 +373,11 @@ class VLAPolicy(AuxStateTarget, ActionTokenizer, ChunkedPolicy):
                 break
             step = self._token_embeddings(tokens[-1][:, None])
             if use_cache:
-                out = self._decoder(step, cache=cache, use_cache=True)
-                cache = out.past_key_values
+                states, cache = self._decoder(step, cache=cache, use_cache=True)
             else:
                 sequence = torch.cat([sequence, step], dim=1)
-                out = self._decoder(sequence)
-            hidden = out.last_hidden_state[:, -1]
+                states, _ = self._decoder(sequence)
+            hidden = states[:, -1]
         ids = torch.stack(tokens, dim=1)
         token_log_probs = torch.stack(log_probs, dim=1)
         actions = self.decode(ids).clamp(ACTION_LOW, ACTION_HIGH)
