@@ -234,16 +234,3 @@ def test_shipped_config_loads_with_the_command_line_overrides() -> None:
     assert (cfg.policy, cfg.rounds, cfg.task, cfg.pairs) == ("p", 3, "Reach", "all")
     assert (cfg.beta, cfg.sft_weight, cfg.length_normalize) == (0.1, 0.05, False)
     assert cfg.policy_overrides == {"temperature": 0.7}
-
-
-def test_shipped_mt10_config_names_six_metaworld_tasks_and_scores_without_keypoints() -> None:
-    """configs/tpo_mt10.yaml: the six tasks, and score weights a Meta-World trajectory can give
-    (it records no keypoint distances, which the success objective weighs by default)."""
-    from embodied.core.config import load_config
-    from embodied.train.onpolicy import task_names
-
-    config = Path(__file__).parents[1] / "configs" / "tpo_mt10.yaml"
-    cfg = load_config(TPOConfig, str(config), ["policy=p", "reward_model=m"])
-    names = task_names(cfg)
-    assert len(names) == 6 and all(n.startswith("metaworld/") for n in names)
-    assert cfg.score_weights["keypoints"] == 0.0 and cfg.length_normalize
