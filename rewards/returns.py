@@ -24,7 +24,7 @@ efficiency) and pairs the best with the worst.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,14 @@ OBJECTIVES: dict[str, dict[str, float]] = {
     "efficiency": {"success": 1.0, "progress": 0.5, "keypoints": 1.0, "steps": 1.0},
 }
 
+INFO_KEYS = {"collisions": ("collisions",), "keypoints": ("ee_pos", "goal_pos")}  # what the
+# terms read from the env's per-step info (the others come from the flags and a reward model)
+
+
+def gives(info: Collection[str], term: str) -> bool:
+    """Whether an env whose info has the keys ``info`` can give ``term``."""
+    return all(key in info for key in INFO_KEYS.get(term, ()))
+
 
 def progress_gain(score: ProgressScore) -> float:
     """``p_T - p_0`` over the observations the model answered for (a judge may leave frames
@@ -66,9 +74,9 @@ def score_terms(traj: Any, progress: ProgressScore | None, limit: int | None) ->
         terms["progress"] = progress_gain(progress)
         if progress.success_prob is not None:
             terms["success_prob"] = float(progress.success_prob)
-    if "collisions" in info:
+    if gives(info, "collisions"):
         terms["collisions"] = float(np.sum(info["collisions"]))
-    if "ee_pos" in info and "goal_pos" in info and traj.length:
+    if gives(info, "keypoints") and traj.length:
         ee, goal = (np.asarray(info[k], dtype=np.float64) for k in ("ee_pos", "goal_pos"))
         terms["keypoints"] = float(np.linalg.norm(ee - goal, axis=-1).mean())
     return terms
@@ -94,6 +102,17 @@ class TrajectoryScore:
         if name not in OBJECTIVES:
             raise ValueError(f"unknown objective {name!r}; available: {', '.join(OBJECTIVES)}")
         return cls({**OBJECTIVES[name], **(overrides or {})}, limit)
+
+    def check_info(self, info: Collection[str], where: str) -> None:
+        """Refuse, before any rollout, weights on terms that an env whose info has the keys
+        ``info`` cannot give (``where`` names it)."""
+        missing = [k for k, w in self.weights.items() if w and not gives(info, k)]
+        if missing:
+            needs = sorted({key for k in missing for key in INFO_KEYS[k]} - set(info))
+            raise ValueError(
+                f"{where} cannot give score terms {missing}: its info has no {needs}; set "
+                f"their weights to 0 (score_weights.{missing[0]}=0)"
+            )
 
     def __call__(self, traj: Any, progress: ProgressScore | None = None) -> float:
         terms = score_terms(traj, progress, self.limit)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from embodied.policies import make_policy
-from embodied.train.tpo import TPOConfig, per_trajectory, step_limit, tpo_loss, train_tpo
+from embodied.train.tpo import TPOConfig, per_trajectory, probe_env, tpo_loss, train_tpo
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -132,15 +132,28 @@ def test_a_round_without_pairs_skips_its_update_quietly(tmp_path: Path) -> None:
     assert not [w for w in caught if "lr_scheduler" in str(w.message)]
 
 
-def test_the_steps_term_divides_by_the_runs_step_limit() -> None:
+def test_the_steps_term_divides_by_the_runs_step_limit(tmp_path: Path) -> None:
     """The ``steps`` score term divides a length by the env's limit as the run sets it
     (``env.max_episode_steps``), where it read the task's default; Meta-World, which enforces its
-    own limit, has one too (it had none: every episode scored 1)."""
-    assert step_limit("Reach", {}) == 80
-    assert step_limit("Reach", {"max_episode_steps": 12, "obs_mode": "pixels"}) == 12
+    own limit, has one too (it had none: every episode scored 1). A term the env's info cannot
+    give (Meta-World has no ``goal_pos`` for ``keypoints``) is refused before any rollout."""
+    assert probe_env("Reach", {})[0] == 80
+    limit, info = probe_env("Reach", {"max_episode_steps": 12, "obs_mode": "pixels"})
+    assert limit == 12 and {"ee_pos", "goal_pos", "collisions"} <= info
     pytest.importorskip("metaworld")
-    assert step_limit("metaworld/reach-v3", {}) == 500
-    assert step_limit("metaworld/reach-v3", {"max_episode_steps": 200}) == 200
+    assert probe_env("metaworld/reach-v3", {})[0] == 500
+    limit, info = probe_env("metaworld/reach-v3", {"max_episode_steps": 200})
+    assert limit == 200 and "ee_pos" in info and "goal_pos" not in info
+    _save_policy(tmp_path / "policy")
+    cfg = TPOConfig(policy=str(tmp_path / "policy"), task="metaworld/reach-v3",
+                    out=str(tmp_path / "runs"), device="cpu")  # fmt: skip
+    message = (
+        r"metaworld/reach-v3 \(objective='success'\) cannot give score terms \['keypoints'\]: its "
+        r"info has no \['goal_pos'\]; set their weights to 0 \(score_weights.keypoints=0\)"
+    )
+    with pytest.raises(ValueError, match=message):
+        train_tpo(cfg)
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("length_normalize", [False, True])

@@ -112,13 +112,16 @@ def decisions_of(data: Any, trajectories: list[int]) -> Any:
     return data.take(torch.nonzero(torch.isin(data.trajectory, index)).squeeze(-1).numpy())
 
 
-def step_limit(task: str, options: dict[str, Any]) -> int | None:
+def probe_env(task: str, options: dict[str, Any]) -> tuple[int | None, set[str]]:
     """The step limit of ``task``'s env under the run's ``options`` (``env.max_episode_steps``
-    or the task's own): the ``steps`` score term's denominator."""
+    or the task's own: the ``steps`` score term's denominator) and the keys of its step info
+    (which score terms it can give), from a reset and one step."""
     limit = {k: options[k] for k in ("max_episode_steps",) if k in options}
     env = sims.make(task, obs_mode="state", **limit)
     try:
-        return sims.episode_limit(env)
+        _, info = env.reset(seed=0)
+        info = {**info, **env.step(np.zeros(env.action_space.shape, env.action_space.dtype))[-1]}
+        return sims.episode_limit(env), set(info)
     finally:
         env.close()
 
@@ -134,9 +137,9 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
     score_of: dict[str, TrajectoryScore] = {}  # each task's score (its own step limit)
     for task, kwargs in envs.items():
         onpolicy.check_task(policy, task, kwargs, reward_model)
-        score_of[task] = TrajectoryScore.objective(
-            cfg.objective, cfg.score_weights, step_limit(task, kwargs)
-        )
+        limit, info = probe_env(task, kwargs)
+        score_of[task] = TrajectoryScore.objective(cfg.objective, cfg.score_weights, limit)
+        score_of[task].check_info(info, f"{task} (objective={cfg.objective!r})")
     with Trainer(cfg, policy, "rounds") as trainer:
         # After the checkpoint: Ray workers copy the weights they are built with.
         rollouts = onpolicy.TaskGroups(cfg, envs, policy, cfg.groups)
