@@ -53,6 +53,7 @@ Executed actions: bin centres (raw units), clipped to the env box [-1, 1].
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -304,16 +305,22 @@ class VLAPolicy(AuxStateTarget, ActionTokenizer, ChunkedPolicy):
         bias = None if head.bias is None else head.bias[rows]
         return F.linear(hidden, head.weight[rows], bias) / temperature
 
+    @functools.cached_property
+    def _cache_argument(self) -> str:
+        """The decoder's name for its KV cache argument and output. Transformers 5 renamed
+        ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40); 4.x takes only
+        the old one. Read once from the decoder's ``forward``: decoding asks for every token."""
+        params = inspect.signature(self.backbone.get_decoder().forward).parameters
+        return "cache" if "cache" in params else "past_key_values"
+
     def _decoder(
         self, embeds: torch.Tensor, cache: Any = None, use_cache: bool = False
     ) -> tuple[torch.Tensor, Any]:
-        """The decoder's last hidden states ``[B, T, H]`` and its KV cache. Transformers 5 renamed
-        the cache argument and output ``past_key_values`` to ``cache`` (the old name warns, and goes
-        in 5.40): each decoder gets the name its ``forward`` takes, so 4.x and 5.x both work."""
-        decoder = self.backbone.get_decoder()
-        params = inspect.signature(decoder.forward).parameters
-        name = "cache" if "cache" in params else "past_key_values"
-        out = decoder(inputs_embeds=embeds, use_cache=use_cache, **{name: cache})
+        """The decoder's last hidden states ``[B, T, H]`` and its KV cache."""
+        name = self._cache_argument
+        out = self.backbone.get_decoder()(
+            inputs_embeds=embeds, use_cache=use_cache, **{name: cache}
+        )
         return out.last_hidden_state, getattr(out, name, None)
 
     def _token_embeddings(self, ids: torch.Tensor) -> torch.Tensor:
