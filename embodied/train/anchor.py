@@ -40,13 +40,20 @@ class DemoAnchor:
     """Expert windows of a LeRobot dataset shaped for ``policy``'s BC loss, drawn at random."""
 
     def __init__(
-        self, dataset: str, policy: Policy, batch_size: int, episodes_per_task: int = 0
+        self,
+        dataset: str,
+        policy: Policy,
+        batch_size: int,
+        episodes_per_task: int = 0,
+        coef: float = 1.0,
     ) -> None:
         """Open ``dataset`` and compute one loss on it, so data the policy cannot read (other
         features, action sizes or instructions) is an error naming the dataset before training.
         ``episodes_per_task``: the first k episodes of each task (BC's option of that name, so a
-        policy trained on a subset is anchored to the demonstrations it learned); 0: all."""
+        policy trained on a subset is anchored to the demonstrations it learned); 0: all.
+        ``coef``: the term's weight in ``added_to``."""
         self.batch_size = batch_size
+        self.coef = coef
         try:
             spec = policy.observation_spec
             data = LeRobotDataset(dataset)
@@ -65,6 +72,23 @@ class DemoAnchor:
         """``policy.bc_loss`` on ``batch_size`` windows drawn with ``rng``, on its device."""
         idx = rng.integers(0, len(self.windows), size=self.batch_size)
         return policy.bc_loss(load_batch(self.windows, idx, policy.device))
+
+    def added_to(
+        self, loss: torch.Tensor, policy: Policy, rng: np.random.Generator, stats: dict[str, float]
+    ) -> torch.Tensor:
+        """``loss + coef * L_BC(expert windows)``; the BC term goes in ``stats["anchor_loss"]``."""
+        bc = self.loss(policy, rng)
+        stats["anchor_loss"] = float(bc.detach())
+        return loss + self.coef * bc
+
+
+def demo_anchor(cfg: Any, policy: Policy) -> DemoAnchor | None:
+    """The BC anchor an on-policy run's ``anchor_*`` settings ask for (``OnPolicyConfig``), or
+    None where ``anchor_coef`` is 0."""
+    if cfg.anchor_coef <= 0:
+        return None
+    return DemoAnchor(cfg.anchor_dataset, policy, cfg.anchor_batch_size,
+                      cfg.anchor_episodes_per_task, cfg.anchor_coef)  # fmt: skip
 
 
 class SelfImitation:

@@ -75,7 +75,7 @@ from embodied.core.reward import ProgressScore
 from embodied.core.run import RunDir
 from embodied.rewards.models import PrivilegedProgress, make_reward_model
 from embodied.rewards.returns import TrajectoryScore
-from embodied.train.anchor import DemoAnchor, SelfImitation
+from embodied.train.anchor import SelfImitation, demo_anchor
 from embodied.train.loop import Trainer, begin, load_policy
 from embodied.train.monitor import RewardMonitor, reward_correlation, success_ranking
 from embodied.train.onpolicy import (
@@ -117,11 +117,6 @@ class GRPOConfig(OnPolicyConfig):
     kl_coef: float = setting(0.0, low=0.0)
     target_kl: float = setting(0.0, low=0.0)  # > 0: end an iteration's update (after its first
     # step) at a minibatch whose KL to the sampling policy exceeds it, before that step
-    anchor_dataset: str = ""  # expert demonstrations (LeRobot) for the BC anchor
-    anchor_coef: float = setting(0.0, low=0.0)  # its weight; 0: no anchor
-    anchor_batch_size: int = setting(32, low=1)  # its windows per minibatch
-    anchor_episodes_per_task: int = setting(0, low=0)  # the first k demos of each task (as BC's
-    # episodes_per_task, for a policy trained on a subset); 0: all
     imitate_coef: float = setting(0.0, low=0.0)  # self-imitation: the BC loss on decisions of
     # the iteration's trajectories with a positive advantage; 0: none
     imitate_batch_size: int = setting(32, low=1)  # its windows per minibatch
@@ -141,16 +136,6 @@ class GRPOConfig(OnPolicyConfig):
             raise ValueError(
                 f"success_prob_weight = {self.success_prob_weight} reads a learned reward "
                 f"model's success head: set reward=learned (got reward={self.reward!r})"
-            )
-        if bool(self.anchor_dataset) != (self.anchor_coef > 0):
-            raise ValueError(
-                f"the BC anchor needs both anchor_dataset and anchor_coef > 0; got "
-                f"anchor_dataset={self.anchor_dataset!r}, anchor_coef={self.anchor_coef}"
-            )
-        if self.anchor_episodes_per_task and not self.anchor_dataset:
-            raise ValueError(
-                f"anchor_episodes_per_task = {self.anchor_episodes_per_task} picks demos of the BC "
-                "anchor: set anchor_dataset and anchor_coef too"
             )
         if self.keep_low > self.keep_high:
             raise ValueError(
@@ -273,10 +258,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
     policy.eval()  # no dropout: sampling and recomputation must see the same network
     check_step_blocks(policy, cfg.update_steps)
     reference = copy.deepcopy(policy).requires_grad_(False) if cfg.kl_coef > 0 else None
-    anchor = None
-    if cfg.anchor_coef > 0:
-        anchor = DemoAnchor(cfg.anchor_dataset, policy, cfg.anchor_batch_size,
-                            cfg.anchor_episodes_per_task)  # fmt: skip
+    anchor = demo_anchor(cfg, policy)
     reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
     returns_of = TrajectoryScore(
         {
@@ -465,9 +447,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                         log["update/stop_kl"] = st["sampling_kl"]  # this step is not taken
                         break
                     if anchor is not None:
-                        bc = anchor.loss(policy, rng)
-                        loss = loss + cfg.anchor_coef * bc
-                        st["anchor_loss"] = float(bc.detach())
+                        loss = anchor.added_to(loss, policy, rng, st)
                     if imitation is not None:
                         own = imitation.loss(policy, rng)
                         loss = loss + cfg.imitate_coef * own

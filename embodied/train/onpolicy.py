@@ -66,13 +66,29 @@ class OnPolicyConfig:
     save_every: int = setting(5, low=0)  # 0: only at the end
     # > 0: stop after the last iteration (round) that fits in this many minutes; saved as the end
     max_minutes: float = setting(0.0, low=0.0)
+    # The BC anchor (embodied.train.anchor): every update also fits expert windows
+    anchor_dataset: str = ""  # expert demonstrations (LeRobot) for the BC anchor
+    anchor_coef: float = setting(0.0, low=0.0)  # its weight; 0: no anchor
+    anchor_batch_size: int = setting(32, low=1)  # its windows per minibatch
+    anchor_episodes_per_task: int = setting(0, low=0)  # the first k demos of each task (as BC's
+    # episodes_per_task, for a policy trained on a subset); 0: all
     device: str = "auto"
     resume: str = ""
 
     def check(self) -> None:
-        """A model-based reward needs its directory."""
+        """A model-based reward needs its directory; the BC anchor needs its data and weight."""
         if self.reward in ("learned", "judge") and not self.reward_model:
             raise ValueError(f"reward={self.reward} needs reward_model=<its directory>")
+        if bool(self.anchor_dataset) != (self.anchor_coef > 0):
+            raise ValueError(
+                f"the BC anchor needs both anchor_dataset and anchor_coef > 0; got "
+                f"anchor_dataset={self.anchor_dataset!r}, anchor_coef={self.anchor_coef}"
+            )
+        if self.anchor_episodes_per_task and not self.anchor_dataset:
+            raise ValueError(
+                f"anchor_episodes_per_task = {self.anchor_episodes_per_task} picks demos of the BC "
+                "anchor: set anchor_dataset and anchor_coef too"
+            )
 
 
 def task_names(cfg: OnPolicyConfig) -> list[str]:

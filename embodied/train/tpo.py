@@ -22,7 +22,9 @@ Rounds of roll out -> rank -> optimise, reading top to bottom:
    single small step moves the summed margin by hundreds of nats and saturates the sigmoid.
    ``sft_weight`` adds ``sft_weight * -log pi(tau_w)`` (RPO, Pang et al. 2024): DPO can widen the
    margin by pushing the losers down alone, which moves a Gaussian policy away from its own
-   samples in no useful direction; the NLL term keeps the winners likely.
+   samples in no useful direction; the NLL term keeps the winners likely. ``anchor_coef`` adds
+   ``anchor_coef * L_BC(expert windows of anchor_dataset)``, GRPO's BC anchor
+   (``embodied.train.anchor``): it holds a multi-task policy's tasks that no pair trains.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from embodied.evaluation.results import collisions_per_episode
 from embodied.rewards.models import REWARD_TYPES, make_reward_model
 from embodied.rewards.returns import OBJECTIVES, TrajectoryScore, preference_pairs
 from embodied.train import onpolicy
+from embodied.train.anchor import demo_anchor
 from embodied.train.loop import Trainer, begin, load_policy
 from embodied.train.onpolicy import OnPolicyConfig
 
@@ -131,6 +134,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
     device = begin(cfg, exact_float32=True)
     policy = load_policy(cfg.policy, cfg.policy_overrides, device).eval()
     initial = copy.deepcopy(policy).requires_grad_(False) if cfg.reference == "initial" else None
+    anchor = demo_anchor(cfg, policy)
     reward_model = make_reward_model(cfg.reward, cfg.reward_model, cfg.reward_frames, device)
     envs = {task: onpolicy.env_kwargs(task, policy, reward_model, cfg.env)
             for task in onpolicy.task_names(cfg)}  # fmt: skip
@@ -213,6 +217,8 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                                 cfg.beta,
                                 cfg.sft_weight,
                             )
+                            if anchor is not None:
+                                loss = anchor.added_to(loss, policy, rng, st)
                             where = f"TPO loss in round {round_}"
                             st["grad_norm"] = trainer.update(loss, where, step_schedule=False)
                             stats.append(st)
