@@ -310,8 +310,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     sample_seed = cfg.seed * 1_000_003 + iteration * 101 + round_
                     trajs = rollouts.run(seeds, cfg.group_size, sample_seed)
                     all_trajs += trajs
-                    all_tasks += [rollouts.task_of(g) for g in range(need)
-                                  for _ in range(cfg.group_size)]  # fmt: skip
+                    all_tasks += rollouts.episode_tasks(need, cfg.group_size)
                     t1 = time.perf_counter()
                     scores = reward_model.score(trajs)
                     all_scores += scores

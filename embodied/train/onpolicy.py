@@ -211,6 +211,10 @@ class TaskGroups:
         """The task group ``group`` of a call runs on."""
         return self.tasks[group % len(self.tasks)]
 
+    def episode_tasks(self, groups: int, group_size: int) -> list[str]:
+        """The task of each episode ``run`` returns for ``groups`` seeds, in its order."""
+        return [self.task_of(g) for g in range(groups) for _ in range(group_size)]
+
     def run(self, seeds: Sequence[int], group_size: int, sample_seed: int) -> list[Any]:
         """``group_size`` rollouts from each seed (group ``g`` from ``seeds[g]``), group by group;
         each backend's episodes sample with their own noise (``sample_seed`` on the first)."""

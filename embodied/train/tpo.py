@@ -156,9 +156,7 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
                 seeds = list(range(base, base + cfg.groups))  # group g on rollouts.task_of(g)
                 trajs = rollouts.run(seeds, cfg.group_size, cfg.seed * 7919 + round_)
                 progress = reward_model.score(trajs)
-                task_of = np.repeat(
-                    [rollouts.task_of(g) for g in range(cfg.groups)], cfg.group_size
-                )
+                task_of = np.array(rollouts.episode_tasks(cfg.groups, cfg.group_size))
                 scored = zip(task_of, trajs, progress, strict=True)
                 scores = np.array([score_of[task](t, p) for task, t, p in scored])
                 pairs = preference_pairs(scores, cfg.group_size, cfg.pairs, cfg.margin)
