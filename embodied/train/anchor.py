@@ -22,8 +22,9 @@ uninterrupted run would have seen.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,9 +36,33 @@ from embodied.rollout.episodes import decision_bc_windows
 from embodied.train.bc import first_episodes_per_task
 from embodied.train.loop import load_batch, to_device
 
+if TYPE_CHECKING:
+    from embodied.train.onpolicy import OnPolicyConfig
 
-class DemoAnchor:
+
+class BCTerm(ABC):
+    """A BC loss added to an on-policy update with weight ``coef``, logged as ``stat``."""
+
+    coef: float = 1.0
+    stat: str = "bc_loss"
+
+    @abstractmethod
+    def loss(self, policy: Policy, rng: np.random.Generator) -> torch.Tensor:
+        """``policy.bc_loss`` on a batch of the term's windows drawn with ``rng``."""
+
+    def added_to(
+        self, loss: torch.Tensor, policy: Policy, rng: np.random.Generator, stats: dict[str, float]
+    ) -> torch.Tensor:
+        """``loss + coef * L_BC``; the BC term's value goes in ``stats[stat]``."""
+        bc = self.loss(policy, rng)
+        stats[self.stat] = float(bc.detach())
+        return loss + self.coef * bc
+
+
+class DemoAnchor(BCTerm):
     """Expert windows of a LeRobot dataset shaped for ``policy``'s BC loss, drawn at random."""
+
+    stat = "anchor_loss"
 
     def __init__(
         self,
@@ -73,16 +98,8 @@ class DemoAnchor:
         idx = rng.integers(0, len(self.windows), size=self.batch_size)
         return policy.bc_loss(load_batch(self.windows, idx, policy.device))
 
-    def added_to(
-        self, loss: torch.Tensor, policy: Policy, rng: np.random.Generator, stats: dict[str, float]
-    ) -> torch.Tensor:
-        """``loss + coef * L_BC(expert windows)``; the BC term goes in ``stats["anchor_loss"]``."""
-        bc = self.loss(policy, rng)
-        stats["anchor_loss"] = float(bc.detach())
-        return loss + self.coef * bc
 
-
-def demo_anchor(cfg: Any, policy: Policy) -> DemoAnchor | None:
+def demo_anchor(cfg: OnPolicyConfig, policy: Policy) -> DemoAnchor | None:
     """The BC anchor an on-policy run's ``anchor_*`` settings ask for (``OnPolicyConfig``), or
     None where ``anchor_coef`` is 0."""
     if cfg.anchor_coef <= 0:
@@ -91,13 +108,21 @@ def demo_anchor(cfg: Any, policy: Policy) -> DemoAnchor | None:
                       cfg.anchor_episodes_per_task, cfg.anchor_coef)  # fmt: skip
 
 
-class SelfImitation:
+class SelfImitation(BCTerm):
     """The BC windows of every decision of the trajectories with a positive advantage."""
 
+    stat = "imitate_loss"
+
     def __init__(
-        self, trajs: Sequence[Any], advantages: np.ndarray, policy: Policy, batch_size: int
+        self,
+        trajs: Sequence[Any],
+        advantages: np.ndarray,
+        policy: Policy,
+        batch_size: int,
+        coef: float = 1.0,
     ) -> None:
         self.batch_size = batch_size
+        self.coef = coef
         spec, horizon = policy.observation_spec, policy.bc_horizon
         chosen = [t for t, a in zip(trajs, advantages, strict=True) if a > 0]
         parts = [decision_bc_windows(t, spec, horizon) for t in chosen]

@@ -402,7 +402,8 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                 elements = trajectory_totals(data.mask.sum(-1).float(), data.trajectory, len(kept))
                 imitation = None
                 if cfg.imitate_coef > 0:  # kept groups' returns differ: some beat their mean
-                    imitation = SelfImitation(kept, advantages, policy, cfg.imitate_batch_size)
+                    imitation = SelfImitation(kept, advantages, policy, cfg.imitate_batch_size,
+                                              cfg.imitate_coef)  # fmt: skip
                     log["update/imitate_decisions"] = float(len(imitation))
                     imitation = imitation if len(imitation) else None
 
@@ -448,9 +449,7 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     if anchor is not None:
                         loss = anchor.added_to(loss, policy, rng, st)
                     if imitation is not None:
-                        own = imitation.loss(policy, rng)
-                        loss = loss + cfg.imitate_coef * own
-                        st["imitate_loss"] = float(own.detach())
+                        loss = imitation.added_to(loss, policy, rng, st)
                     where = f"GRPO loss at iteration {iteration}"
                     st["grad_norm"] = trainer.update(loss, where, step_schedule=False)
                     stats.append(st)
