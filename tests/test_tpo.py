@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.policies import make_policy
+from embodied.policies import Policy, make_policy
+from embodied.rewards.models import SuccessOnly
+from embodied.train.onpolicy import checked_env, env_kwargs
 from embodied.train.tpo import TPOConfig, per_trajectory, probe_env, tpo_loss, train_tpo
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -137,14 +139,20 @@ def test_the_steps_term_divides_by_the_runs_step_limit(tmp_path: Path) -> None:
     (``env.max_episode_steps``), where it read the task's default; Meta-World, which enforces its
     own limit, has one too (it had none: every episode scored 1). A term the env's info cannot
     give (Meta-World has no ``goal_pos`` for ``keypoints``) is refused before any rollout."""
-    assert probe_env("Reach", {})[0] == 80
-    limit, info = probe_env("Reach", {"max_episode_steps": 12, "obs_mode": "pixels"})
+    _save_policy(tmp_path / "policy")
+    policy = Policy.from_pretrained(tmp_path / "policy")
+
+    def probe(task: str, extra: dict) -> tuple[int | None, set[str]]:
+        with checked_env(policy, task, env_kwargs(task, policy, SuccessOnly(), extra)) as env:
+            return probe_env(env)
+
+    assert probe("Reach", {})[0] == 80
+    limit, info = probe("Reach", {"max_episode_steps": 12})
     assert limit == 12 and {"ee_pos", "goal_pos", "collisions"} <= info
     pytest.importorskip("metaworld")
-    assert probe_env("metaworld/reach-v3", {})[0] == 500
-    limit, info = probe_env("metaworld/reach-v3", {"max_episode_steps": 200})
+    assert probe("metaworld/reach-v3", {})[0] == 500
+    limit, info = probe("metaworld/reach-v3", {"max_episode_steps": 200})
     assert limit == 200 and "ee_pos" in info and "goal_pos" not in info
-    _save_policy(tmp_path / "policy")
     cfg = TPOConfig(policy=str(tmp_path / "policy"), task="metaworld/reach-v3",
                     out=str(tmp_path / "runs"), device="cpu")  # fmt: skip
     message = (

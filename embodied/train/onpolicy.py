@@ -7,7 +7,8 @@ checkpoint)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -140,12 +141,15 @@ def env_kwargs(
     return kwargs
 
 
-def check_task(
+@contextmanager
+def checked_env(
     policy: Policy, task: str, options: dict[str, Any], reward_model: RewardModel | None = None
-) -> None:
-    """Refuse, before any rollout or output, a task whose env (built with ``options``) cannot
-    feed ``policy`` or take its actions, or does not render the camera ``reward_model`` scores
-    (frames replayed from render states come from the camera ``env_kwargs`` gave the env)."""
+) -> Iterator[Any]:
+    """``task``'s env built with ``options``, after refusing, before any rollout or output, one
+    that cannot feed ``policy`` or take its actions, or does not render the camera
+    ``reward_model`` scores (frames replayed from render states come from the camera
+    ``env_kwargs`` gave the env); closed on exit, so a trainer that reads more off it builds it
+    once."""
     env = sims.make(task, **options)
     try:
         check_policy_env(policy.observation_spec, policy.action_spec, env, task)
@@ -153,8 +157,17 @@ def check_task(
         if key and size and not (options.get("render_state") and options["obs_mode"] == "state"):
             reads = ObservationSpec(cameras={key: tuple(size)})
             check_policy_env(reads, policy.action_spec, env, task, what="the reward model")
+        yield env
     finally:
         env.close()
+
+
+def check_task(
+    policy: Policy, task: str, options: dict[str, Any], reward_model: RewardModel | None = None
+) -> None:
+    """Refuse a task ``checked_env`` refuses; build nothing that outlives the check."""
+    with checked_env(policy, task, options, reward_model):
+        pass
 
 
 def rollout_groups(rollouts: Any, seeds: list[int], group_size: int, sample_seed: int,

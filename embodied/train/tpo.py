@@ -115,18 +115,13 @@ def decisions_of(data: Any, trajectories: list[int]) -> Any:
     return data.take(torch.nonzero(torch.isin(data.trajectory, index)).squeeze(-1).numpy())
 
 
-def probe_env(task: str, options: dict[str, Any]) -> tuple[int | None, set[str]]:
-    """The step limit of ``task``'s env under the run's ``options`` (``env.max_episode_steps``
-    or the task's own: the ``steps`` score term's denominator) and the keys of its step info
-    (which score terms it can give), from a reset and one step."""
-    limit = {k: options[k] for k in ("max_episode_steps",) if k in options}
-    env = sims.make(task, obs_mode="state", **limit)
-    try:
-        _, info = env.reset(seed=0)
-        info = {**info, **env.step(np.zeros(env.action_space.shape, env.action_space.dtype))[-1]}
-        return sims.episode_limit(env), set(info)
-    finally:
-        env.close()
+def probe_env(env: Any) -> tuple[int | None, set[str]]:
+    """The step limit of a task's ``env`` as the run built it (``env.max_episode_steps`` or the
+    task's own: the ``steps`` score term's denominator) and the keys of its step info (which
+    score terms it can give), from a reset and one zero action."""
+    _, info = env.reset(seed=0)
+    info = {**info, **env.step(np.zeros(env.action_space.shape, env.action_space.dtype))[-1]}
+    return sims.episode_limit(env), set(info)
 
 
 def train_tpo(cfg: TPOConfig) -> RunDir:
@@ -140,8 +135,8 @@ def train_tpo(cfg: TPOConfig) -> RunDir:
             for task in onpolicy.task_names(cfg)}  # fmt: skip
     score_of: dict[str, TrajectoryScore] = {}  # each task's score (its own step limit)
     for task, kwargs in envs.items():
-        onpolicy.check_task(policy, task, kwargs, reward_model)
-        limit, info = probe_env(task, kwargs)
+        with onpolicy.checked_env(policy, task, kwargs, reward_model) as env:
+            limit, info = probe_env(env)
         score_of[task] = TrajectoryScore.objective(cfg.objective, cfg.score_weights, limit)
         score_of[task].check_info(info, f"{task} (objective={cfg.objective!r})")
     with Trainer(cfg, policy, "rounds") as trainer:
