@@ -36,13 +36,14 @@ from embodied.sims.replay import (  # noqa: E402
 from embodied.sims.tasks.base import Task  # noqa: E402
 from embodied.sims.vector import (  # noqa: E402
     enter_worker,
-    follow_lifeline,
     grouped_seeds,
-    lifeline,
     make_vec_env,
     render_envs,
-    start_forkserver_without_sigint,
     task_module,
+)
+from embodied.sims.workers import (  # noqa: E402
+    WorkerPool,
+    start_forkserver_without_sigint,
     worker_context,
 )
 
@@ -53,13 +54,12 @@ from embodied.sims.tasks import reach, push, pick_place, stack, drawer_open, but
 __all__ = [
     "ReplayFrames",
     "Task",
+    "WorkerPool",
     "attach_replay_frames",
     "check_env_options",
     "enter_worker",
     "episode_limit",
-    "follow_lifeline",
     "grouped_seeds",
-    "lifeline",
     "list_tasks",
     "make",
     "make_expert",

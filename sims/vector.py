@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import multiprocessing
 import os
-import signal
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +14,7 @@ import numpy as np
 from gymnasium.vector.async_vector_env import AsyncState
 
 from embodied.sims.registry import get_task, make, suite_of
+from embodied.sims.workers import start_forkserver_without_sigint
 
 
 def grouped_seeds(seeds: Sequence[int], group_size: int) -> list[int]:
@@ -165,60 +163,3 @@ def make_vec_env(
             start_forkserver_without_sigint()
         return _AsyncVectorEnv(fns, context=context, autoreset_mode=mode)
     return _SyncVectorEnv(fns, autoreset_mode=mode)
-
-
-def worker_context(preload: Sequence[str] = ()) -> Any:
-    """The multiprocessing context for worker processes that render: a fork server started
-    without SIGINT (``start_forkserver_without_sigint``) where the platform has one, so workers
-    start clean (no GL state inherited), else the platform's default."""
-    start_forkserver_without_sigint(preload)
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else None)
-
-
-def lifeline(context: Any) -> tuple[Any, Any]:
-    """``(receive, send)``: a pipe for a pool's workers whose sending end only this process holds.
-    Each worker's initializer hands ``receive`` to ``follow_lifeline``; this process closes both
-    ends once its workers have stopped. Should it die first (a kill runs no ``finally``), the
-    pipe closes with it and the workers exit, where they would run on, orphaned."""
-    return context.Pipe(duplex=False)
-
-
-def follow_lifeline(receive: Any) -> None:
-    """In a worker: exit once the other end of ``receive`` (``lifeline``) closes."""
-    threading.Thread(target=_exit_when_closed, args=(receive,), daemon=True).start()
-
-
-def _exit_when_closed(receive: Any) -> None:
-    """Block until the pipe closes (nothing is ever sent on it), then end the process."""
-    with contextlib.suppress(EOFError):
-        receive.recv()
-    os._exit(1)
-
-
-def start_forkserver_without_sigint(preload: Sequence[str] = ()) -> None:
-    """Start multiprocessing's fork server (which forks the workers) and resource tracker
-    ignoring SIGINT, so the workers ignore it too; ``preload``: modules the server imports once
-    for all its workers.
-
-    Ctrl-C in a terminal signals the whole process group: each worker would die mid-step with a
-    KeyboardInterrupt traceback (Gymnasium's async workers send theirs back as errors) while
-    the main process handles the interrupt and closes them. Workers take the server's handlers.
-    Helpers running already are left as they are.
-    """
-    import multiprocessing.forkserver
-    import multiprocessing.resource_tracker
-
-    if (
-        "forkserver" not in multiprocessing.get_all_start_methods()
-        or threading.current_thread() is not threading.main_thread()
-    ):
-        return
-    if preload:
-        multiprocessing.set_forkserver_preload(list(preload))
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        multiprocessing.resource_tracker.ensure_running()
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import embodied.sims as sims
 from embodied.evaluation.task_workers import map_tasks
 
 
@@ -46,6 +47,33 @@ def _running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_for_pid(marker: Path) -> int:
+    """The pid a worker wrote to ``marker``."""
+    deadline = time.monotonic() + 120
+    while not (marker.exists() and marker.read_text()):
+        assert time.monotonic() < deadline, "the worker never started"
+        time.sleep(0.05)
+    return int(marker.read_text())
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("stuck_in", ["initializer", "job"])
+def test_stopping_a_pool_without_waiting_ends_its_stuck_worker(
+    tmp_path: Path, stuck_in: str
+) -> None:
+    """``WorkerPool.stop(wait=False)`` (a collection worker that never built its env, an
+    interrupted evaluation) returns with the worker gone, where it would wait on the worker's
+    5-minute job; the job's result is an error, not a value."""
+    marker = tmp_path / "worker"
+    start = (_report_then_sleep, (str(marker),)) if stuck_in == "initializer" else (None, ())
+    pool = sims.WorkerPool(1, *start)
+    job = pool.submit(_report_then_sleep, str(marker))
+    pid = _wait_for_pid(marker)
+    pool.stop(wait=False)
+    assert not _running(pid)
+    assert job.done() and (job.cancelled() or job.exception() is not None)
 
 
 def _running_after_killing(parent: subprocess.Popen, sig: int, pids: list[int]) -> list[int]:

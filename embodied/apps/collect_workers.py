@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
@@ -48,12 +47,9 @@ class EpisodeRecipe:
 _worker: dict[str, Any] = {}  # this process's env and recipe
 
 
-def start_worker(recipe: EpisodeRecipe, ready: Any = None, lifeline: Any = None) -> None:
+def start_worker(recipe: EpisodeRecipe, ready: Any = None) -> None:
     """Build this process's env for ``recipe`` (a pool's initializer, or once in-process), then
-    release ``ready`` (a semaphore) when given; a worker exits if the collector dies
-    (``lifeline``: ``sims.lifeline``'s receiving end)."""
-    if lifeline is not None:
-        sims.follow_lifeline(lifeline)
+    release ``ready`` (a semaphore) when given."""
     sims.enter_worker(recipe.task_module)
     close_worker()
     vec = sims.make_vec_env(recipe.task, 1, autoreset_mode="disabled", **recipe.env_kwargs)
@@ -104,11 +100,8 @@ class EpisodeRunner:
         # A fork server starts workers clean (no GL state inherited; see sims.make_vec_env),
         # ignoring Ctrl-C, and imports this module once for all of them (a fresh worker spent
         # ~5 s importing torch, the simulators and the dataset writer).
-        context = sims.worker_context([__name__])
-        ready, self._lifeline = context.Semaphore(0), sims.lifeline(context)
-        self._pool = ProcessPoolExecutor(
-            workers, context, start_worker, (recipe, ready, self._lifeline[0])
-        )
+        ready = sims.worker_context([__name__]).Semaphore(0)
+        self._pool = sims.WorkerPool(workers, start_worker, (recipe, ready), preload=[__name__])
         self._results = [self._pool.submit(run_episode, *job) for job in jobs]  # starts them
         started, deadline = 0, time.monotonic() + STARTUP_TIMEOUT_S
         while started < workers:
@@ -117,9 +110,7 @@ class EpisodeRunner:
             elif any(result.done() for result in self._results):
                 break  # episodes are coming back, or a worker died: iterating says which
             elif time.monotonic() > deadline:
-                for process in list(self._pool._processes.values()):  # stuck: not waited for
-                    process.terminate()
-                self.close(terminate=True)
+                self._pool.stop(wait=False)  # a stuck worker is not waited for
                 raise RuntimeError(f"a collection worker did not build its {recipe.task} env "
                                    f"within {STARTUP_TIMEOUT_S} s")  # fmt: skip
 
@@ -162,9 +153,7 @@ class EpisodeRunner:
             close_worker()
             return
         with defer_interrupts():
-            self._pool.shutdown(wait=True, cancel_futures=terminate)
-        for end in self._lifeline:  # the workers have stopped: closing it ends none
-            end.close()
+            self._pool.stop(cancel=terminate)
 
 
 def cut_off(traj: Any, fraction: float) -> Any:

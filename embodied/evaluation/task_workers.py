@@ -6,10 +6,9 @@ however it ended (a ``kill`` runs no ``finally``)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -18,10 +17,9 @@ import torch
 import embodied.sims as sims
 
 
-def _start(threads: int, lifeline: Any) -> None:
-    """A worker's torch threads (its share of the cores); it exits if the evaluator dies."""
+def _start(threads: int) -> None:
+    """A worker's torch threads: its share of the cores."""
     torch.set_num_threads(threads)
-    sims.follow_lifeline(lifeline)
 
 
 def map_tasks(
@@ -32,11 +30,8 @@ def map_tasks(
     stops the workers without waiting for their tasks."""
     workers = min(workers, len(tasks))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    context = sims.worker_context([__name__])
-    others = set(multiprocessing.active_children())
-    lifeline = sims.lifeline(context)
     threads = max(1, (cores or 1) // workers)
-    pool = ProcessPoolExecutor(workers, context, _start, (threads, lifeline[0]))
+    pool = sims.WorkerPool(workers, _start, (threads,), preload=[__name__])
     pending = {pool.submit(run, task): i for i, task in enumerate(tasks)}
     finished = False
     try:
@@ -52,9 +47,4 @@ def map_tasks(
                     ) from None
         finished = True
     finally:
-        pool.shutdown(wait=finished, cancel_futures=True)
-        if not finished:  # running tasks would hold the exit for minutes
-            for process in set(multiprocessing.active_children()) - others:
-                process.terminate()
-        for end in lifeline:  # the workers have stopped: closing it ends any that remain
-            end.close()
+        pool.stop(wait=finished)  # running tasks would hold the exit for minutes

@@ -8,7 +8,6 @@ import os
 import resource
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +77,6 @@ def bench_memory(
     jobs = [(task, {}) for task in tasks] or [("PickPlace", {})]
     if metaworld and not tasks and metaworld_available():
         jobs.append(METAWORLD)
-    context = sims.worker_context()
     rows = []
     for task, extra in jobs:
         options = {"obs_mode": "pixels_state", "image_size": image_size, **extra}
@@ -86,7 +84,7 @@ def bench_memory(
             progress(task)
         figures = []
         for _ in range(repeats):
-            with ProcessPoolExecutor(1, mp_context=context) as pool:
+            with sims.WorkerPool(1) as pool:  # a fresh process, ended if this one dies
                 figures.append(pool.submit(_measure, task, envs, options).result())
         first = statistics.median(f[0] for f in figures)
         further = statistics.median(f[1] for f in figures)
