@@ -23,6 +23,24 @@ def test_group_advantages_by_hand() -> None:
     np.testing.assert_allclose(group_advantages(np.ones(4), 4), 0.0)  # no variance: no signal
 
 
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_group_advantages_scaled_as_trl_by_hand(scale: str) -> None:
+    """A success against failures and an all-fail group ranked by slivers of progress: scaled by
+    its group's std the sliver weighs as much as the success; by the batch's std, or unscaled, it
+    weighs what it is."""
+    returns = np.array([1.0, 0.0, 0.0, 0.0, 0.02, 0.0, 0.0, 0.0])
+    adv = group_advantages(returns, group_size=4, eps=0.0, scale=scale)
+    centred = np.array([0.75, -0.25, -0.25, -0.25, 0.015, -0.005, -0.005, -0.005])
+    divisor = {
+        "group": np.repeat([math.sqrt(0.1875), math.sqrt(0.1875) * 0.02], 4),
+        "batch": np.std(returns),
+        "none": 1.0,
+    }[scale]
+    np.testing.assert_allclose(adv, centred / divisor)
+    sliver = 1.0 if scale == "group" else 0.02  # its weight against the success's
+    assert adv[4] / adv[0] == pytest.approx(sliver)
+
+
 def _by_hand(logp, old, adv, mask, lo, hi, agg, p=1.0):
     """The clipped objective element by element with Python floats."""
     per_seq, elements = [], []

@@ -21,9 +21,16 @@ bottom:
    the return is the model's alone (``success_weight=0``), per task where it is weak.
 3. Dynamic sampling: groups whose success rate is outside ``[keep_low, keep_high]`` (or whose
    returns have no variance) carry no signal; they are dropped and refilled from new seeds.
-4. Group-normalised advantage, broadcast to every decision and element of the trajectory::
+4. Group-relative advantage, broadcast to every decision and element of the trajectory, scaled
+   as ``scale_rewards`` says (TRL's setting of that name)::
 
-       A_i = (R_i - mean_group(R)) / (std_group(R) + eps)
+       A_i = (R_i - mean_group(R)) / (std_group(R) + eps)     group (GRPO)
+       A_i = (R_i - mean_group(R)) / (std_batch(R) + eps)     batch (the kept groups' returns)
+       A_i =  R_i - mean_group(R)                             none (Dr. GRPO)
+
+   ``group`` gives every kept group the same weight, so returns that differ by a sliver of
+   progress (a group that all failed, ranked by a reward model) weigh as much as a success does
+   against a failure; ``batch`` and ``none`` weigh each group by how far its returns spread.
 
 5. ``epochs`` passes of minibatches of decisions (with ``update_steps`` a denoising chain's
    decision recomputes one random block of that many of its steps, each step equally likely:
@@ -95,6 +102,7 @@ from embodied.train.onpolicy import (
 )
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "traj-mean", "holder")
+SCALINGS = ("group", "batch", "none")
 
 
 @dataclass
@@ -124,6 +132,7 @@ class GRPOConfig(OnPolicyConfig):
     # the greedy policy fails, found by running them once deterministically (0: as drawn)
     loss_agg: str = setting("token-mean", choices=AGGREGATIONS)
     holder_p: float = 1.0
+    scale_rewards: str = setting("group", choices=SCALINGS)  # the advantage's divisor (step 4)
     adv_eps: float = setting(1e-6, low=0.0)
     monitor_warn: float = 0.3  # warn when the learned/privileged per-step correlation falls below
     # it (the mean of the last 5 iterations; see RewardMonitor)
@@ -146,11 +155,21 @@ class GRPOConfig(OnPolicyConfig):
 # --- the formulas (pure functions on tensors; the tests check them by hand) ------------------
 
 
-def group_advantages(returns: np.ndarray, group_size: int, eps: float = 1e-6) -> np.ndarray:
-    """``(R - mean_group) / (std_group + eps)`` on ``returns [G * group_size]`` laid out group by
-    group (RLinf's ``rewards.view(-1, group_size)``; population std)."""
+def group_advantages(
+    returns: np.ndarray, group_size: int, eps: float = 1e-6, scale: str = "group"
+) -> np.ndarray:
+    """``R - mean_group`` on ``returns [G * group_size]`` laid out group by group (RLinf's
+    ``rewards.view(-1, group_size)``), divided by ``std_group + eps`` (``scale="group"``), by
+    ``std + eps`` of all the returns (``"batch"``) or by nothing (``"none"``); population std."""
     r = np.asarray(returns, dtype=np.float64).reshape(-1, group_size)
-    return ((r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + eps)).reshape(-1)
+    centred = r - r.mean(1, keepdims=True)
+    if scale == "group":
+        centred = centred / (r.std(1, keepdims=True) + eps)
+    elif scale == "batch":
+        centred = centred / (r.std() + eps)
+    elif scale != "none":
+        raise ValueError(f"scale must be one of {SCALINGS}, got {scale!r}")
+    return centred.reshape(-1)
 
 
 def kl_k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
@@ -389,9 +408,11 @@ def train_grpo(cfg: GRPOConfig) -> RunDir:
                     trainer.step_schedule()
                     finish_iteration(trainer, envs, iteration + 1, log)
                     continue
-                # 4. group-normalised advantages, broadcast to every decision and element
+                # 4. group-relative advantages, broadcast to every decision and element
                 returns = np.concatenate(kept_returns)
-                advantages = group_advantages(returns, cfg.group_size, cfg.adv_eps)
+                advantages = group_advantages(
+                    returns, cfg.group_size, cfg.adv_eps, cfg.scale_rewards
+                )
                 data = collect_decisions(kept, advantages, policy.observation_spec)
                 log["score/return_mean"] = float(returns.mean())
                 log["score/return_std"] = float(returns.std())
