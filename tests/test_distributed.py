@@ -4,6 +4,11 @@ broadcasts, and survives a worker's death. Skipped without Ray (extra ``distribu
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -226,3 +231,27 @@ def test_bench_rollout_compares_backends_with_the_sync_baseline(ray_instance, ca
     assert (one["envs"], one["baseline"]) == (1, f"{read} (2 envs)") and one["steps_per_s"] > 0
     for r in rows.values():  # episodes cut at --max-steps (Reach's own limit is 80 steps)
         assert r["steps_per_s"] * 60 / r["episodes_per_min"] == pytest.approx(16)
+
+
+def test_a_private_ray_instance_rolls_out_at_the_learners_priority() -> None:
+    """The workers of a Ray instance the backend starts run as nice as the learner (Ray's default
+    would add 15): niced workers lose the cores to anything else on the machine while the learner
+    waits on their rollouts. A fresh process, since this module's Ray instance is started apart."""
+    pytest.importorskip("ray")
+    script = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_distributed import ENV, _policy\n"
+        "from embodied.rollout.backends import DistributedConfig, make_rollouts\n"
+        "cfg = DistributedConfig('ray', workers=1, num_cpus=1)\n"
+        "rollouts = make_rollouts(cfg, 'Reach', ENV, _policy(), 1)\n"
+        "pid = rollouts.ray.get(rollouts.workers[0].pid.remote())\n"
+        "nice = [os.getpriority(os.PRIO_PROCESS, p) for p in (0, pid)]\n"
+        "print('niceness', *nice)\n"
+        "rollouts.close()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300, preexec_fn=lambda: os.nice(3))  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    learner, worker = run.stdout.split("niceness")[-1].split()
+    assert (int(learner), int(worker)) == (3, 3)

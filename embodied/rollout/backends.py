@@ -16,11 +16,11 @@ then names each episode's task).
   trajectories as the local backend. A worker that dies is dropped with a warning and its chunk
   runs again on the others.
 
-``address=""`` starts a private Ray instance (``num_cpus``); ``"auto"`` or ``ray://host:port``
-joins an existing cluster. Backends that take turns (a multi-task run whose tasks need envs of
-different options) reserve ``1 / backends`` of a CPU per actor: ``workers`` CPUs in all, the ones
-that work at any time (a whole CPU each would leave a 2-CPU machine's third actor waiting for a
-CPU forever).
+``address=""`` starts a private Ray instance (``num_cpus``) whose workers run at this process's
+priority; ``"auto"`` or ``ray://host:port`` joins an existing cluster. Backends that take turns
+(a multi-task run whose tasks need envs of different options) reserve ``1 / backends`` of a CPU
+per actor: ``workers`` CPUs in all, the ones that work at any time (a whole CPU each would leave
+a 2-CPU machine's third actor waiting for a CPU forever).
 """
 
 from __future__ import annotations
@@ -189,8 +189,13 @@ class RayRollouts:
             kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": False}
             if cfg.address:
                 kwargs["address"] = cfg.address
-            elif cfg.num_cpus:
-                kwargs["num_cpus"] = cfg.num_cpus
+            else:
+                # Ray starts workers 15 nicer than itself, where anything else on the machine
+                # (an evaluation, tests, another run) starves the rollouts the learner waits on;
+                # the local backend steps at the learner's priority, and so do these workers.
+                kwargs["_system_config"] = {"worker_niceness": 0}
+                if cfg.num_cpus:
+                    kwargs["num_cpus"] = cfg.num_cpus
             ray.init(**kwargs)
         cpus = ray.cluster_resources().get("CPU", 0)
         if not cfg.address and cfg.workers > cpus:  # a cluster may add nodes; this machine won't
